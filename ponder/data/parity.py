@@ -1,0 +1,81 @@
+"""The parity task: vectors of 0, +1 and -1; the label is the parity of the number of +1s.
+
+Difficulty is the number of non-zero elements. Batches are made with a handful of tensor
+ops on the training device, never one sample at a time.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["EvalSet", "parity_batch", "parity_eval_sets"]
+
+
+def parity_batch(
+    batch_size: int,
+    n_elems: int,
+    n_nonzero: tuple[int, int],
+    generator: torch.Generator | None = None,
+    device: torch.device | str = "cpu",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A batch ``(x [B, n_elems] float, y [B] float 0/1)``; each x has k non-zero elements,
+    k uniform in the inclusive range ``n_nonzero``, at uniformly random positions."""
+    lo, hi = n_nonzero
+    if not 0 <= lo <= hi <= n_elems:
+        raise ValueError(f"n_nonzero range must satisfy 0 <= lo <= hi <= n_elems={n_elems}, got {n_nonzero}")
+    kw = {"generator": generator, "device": device}
+    k = torch.randint(lo, hi + 1, (batch_size, 1), **kw)  # non-zero count          # [B, 1]
+    # the k positions with the smallest uniform keys are the non-zero ones
+    u = torch.rand(batch_size, n_elems, **kw)  # [B, n]
+    kth = u.sort(dim=1).values.gather(1, (k - 1).clamp(min=0))  # k-th smallest key  # [B, 1]
+    nonzero = (u <= kth) & (k > 0)  # [B, n]
+    signs = torch.randint(0, 2, (batch_size, n_elems), **kw) * 2 - 1  # +-1          # [B, n]
+    x = torch.where(nonzero, signs, 0).float()  # [B, n]
+    y = ((x == 1).sum(dim=1) % 2).float()  # parity of the +1 count                  # [B]
+    return x, y
+
+
+@dataclass(frozen=True)
+class EvalSet:
+    """A fixed evaluation set: inputs, labels, and (parity) the non-zero range it was drawn from."""
+
+    name: str
+    x: torch.Tensor
+    y: torch.Tensor
+    n_nonzero: tuple[int, int] | None = None
+
+
+def parity_eval_sets(
+    n_elems: int,
+    n_nonzero: tuple[int, int],
+    n_samples: int = 1000,
+    seed: int = 0,
+    device: torch.device | str = "cpu",
+) -> dict[str, EvalSet]:
+    """Fixed, seeded evaluation sets, the same at every call for the same arguments.
+
+    - ``test``: the training range.
+    - ``easy``: the lowest quarter of the training range (1-4 non-zero of 1-15, as the seeds).
+    - ``hard``: the highest third (11-15 of 1-15).
+    - ``extrapolation``: more non-zero elements than training ever saw (26-30 when trained on
+      at most 25 of 30); present only when the training range stops short of ``n_elems``.
+    """
+    lo, hi = n_nonzero
+    width = hi - lo + 1
+    ranges = {
+        "test": (lo, hi),
+        "easy": (lo, lo + math.ceil(width / 4) - 1),
+        "hard": (hi - math.ceil(width / 3) + 1, hi),
+    }
+    if hi < n_elems:
+        ranges["extrapolation"] = (hi + 1, n_elems)
+    sets = {}
+    for i, (name, rng) in enumerate(ranges.items()):
+        # one generator per set, so adding a set never changes the others
+        gen = torch.Generator().manual_seed(seed * 1000 + i)
+        x, y = parity_batch(n_samples, n_elems, rng, generator=gen)
+        sets[name] = EvalSet(name, x.to(device), y.to(device), rng)
+    return sets

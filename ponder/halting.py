@@ -1,0 +1,104 @@
+"""The halting distribution p_n, its sampling, and the geometric prior p_G.
+
+Everything is computed in log space from lambda's *logits*: a saturated lambda (logit +-60)
+gives p_n = 0 in the product formula and log(0) = -inf, but log-sigmoid stays finite, so the
+losses and their gradients stay finite too.
+
+Shapes: N = max_steps, B = batch size. Step tensors are step-major, ``[N, B]``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+
+__all__ = [
+    "PriorTail",
+    "log_halting_distribution",
+    "halting_distribution",
+    "log_geometric_prior",
+    "sample_halting_step",
+    "expected_steps",
+]
+
+PriorTail = Literal["renormalise", "last_step", "truncate"]
+"""How the geometric prior's mass beyond step N is treated (see `log_geometric_prior`)."""
+
+
+def log_halting_distribution(lambda_logits: torch.Tensor) -> torch.Tensor:
+    """log p_n for every step from lambda's logits ``[N, B]``; the last step halts for sure.
+
+    p_n = lambda_n * prod_{j<n} (1 - lambda_j), with lambda_N = 1, so sum_n p_n = 1 exactly.
+    """
+    n_steps = lambda_logits.shape[0]
+    # log lambda_n = logsigmoid(l_n);  log(1 - lambda_n) = logsigmoid(-l_n)        # [N, B]
+    log_lambda = F.logsigmoid(lambda_logits)
+    log_not_lambda = F.logsigmoid(-lambda_logits)
+    # lambda_N = 1: the last step halts whatever its logit says
+    last = torch.arange(n_steps, device=lambda_logits.device) == n_steps - 1  # [N]
+    log_lambda = log_lambda.masked_fill(last[:, None], 0.0)
+    # log prod_{j<n} (1 - lambda_j): an exclusive cumulative sum over steps          # [N, B]
+    log_survival = torch.cumsum(log_not_lambda, dim=0) - log_not_lambda
+    # log p_n = log lambda_n + sum_{j<n} log(1 - lambda_j)                          # [N, B]
+    return log_lambda + log_survival
+
+
+def halting_distribution(lambda_logits: torch.Tensor) -> torch.Tensor:
+    """p_n ``[N, B]`` from lambda's logits; sums to 1 over steps for every sample."""
+    return log_halting_distribution(lambda_logits).exp()
+
+
+def log_geometric_prior(
+    lambda_p: float, max_steps: int, tail: PriorTail = "renormalise"
+) -> torch.Tensor:
+    """log p_G(n; lambda_p) for n = 1..N, shape ``[N]``.
+
+    p_G(n) = lambda_p (1 - lambda_p)^(n-1) has infinite support; at N steps a mass of
+    (1 - lambda_p)^N lies beyond step N (0.012 for lambda_p 0.2, N 20). ``tail`` says where it goes:
+
+    - ``renormalise`` (default): divide by 1 - (1 - lambda_p)^N. The prior stays a proper
+      distribution and keeps the geometric shape (every step less likely than the one before),
+      so KL(p || p_G) >= 0 with equality only at p = p_G.
+    - ``last_step``: give the tail to step N, i.e. the prior is the halting process with
+      lambda_n = lambda_p and lambda_N = 1 -- the same constraint the model has. Proper too.
+    - ``truncate``: drop it (the seeds' choice). Sums to less than 1, so the "KL" can be
+      negative; kept only to reproduce the seeds' curves.
+    """
+    if not 0.0 < lambda_p <= 1.0:
+        raise ValueError(f"lambda_p must be in (0, 1], got {lambda_p}")
+    if max_steps < 1:
+        raise ValueError(f"max_steps must be >= 1, got {max_steps}")
+    n = torch.arange(max_steps, dtype=torch.float64)  # n - 1 = 0 .. N-1              # [N]
+    log_stay = math.log1p(-lambda_p) if lambda_p < 1.0 else -math.inf
+    # log p_G(n) = log lambda_p + (n - 1) log(1 - lambda_p); 0 * -inf is 0 at n = 1   # [N]
+    log_p = math.log(lambda_p) + torch.where(n > 0, n * log_stay, torch.zeros_like(n))
+    if tail == "renormalise":
+        # divide by the mass kept: 1 - (1 - lambda_p)^N
+        log_p = log_p - math.log(-math.expm1(max_steps * log_stay)) if lambda_p < 1.0 else log_p
+    elif tail == "last_step":
+        # p_G(N) = (1 - lambda_p)^(N-1): the probability of reaching step N at all
+        log_p[-1] = (max_steps - 1) * log_stay if max_steps > 1 else 0.0
+    elif tail != "truncate":
+        raise ValueError(f"tail must be renormalise, last_step or truncate, got {tail!r}")
+    return log_p.float()
+
+
+def sample_halting_step(log_p: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Draw a halting step n ~ p per sample; returns 0-based step indices ``[B]``.
+
+    Sampling n from the categorical p is the same law as flipping Bernoulli(lambda_n) coins
+    step by step until one lands, which is what `PonderNet.infer` does with real early exit.
+    """
+    # Gumbel-max: argmax_n (log p_n + g_n), g ~ Gumbel(0, 1)                           # [N, B]
+    u = torch.rand(log_p.shape, generator=generator, device=log_p.device, dtype=log_p.dtype)
+    gumbel = -torch.log(-torch.log(u.clamp_min(torch.finfo(u.dtype).tiny)))
+    return torch.argmax(log_p + gumbel, dim=0)
+
+
+def expected_steps(log_p: torch.Tensor) -> torch.Tensor:
+    """E[n] = sum_n n p_n per sample ``[B]``, steps counted from 1."""
+    n = torch.arange(1, log_p.shape[0] + 1, device=log_p.device, dtype=log_p.dtype)  # [N]
+    return (log_p.exp() * n[:, None]).sum(dim=0)

@@ -1,0 +1,97 @@
+"""Step functions: the parity GRU step and the MNIST CNN + MLP step."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ponder.gru import gru_unroll
+from ponder.model import StepFunction
+
+__all__ = ["ParityStep", "MnistStep"]
+
+
+class ParityStep(StepFunction):
+    """A GRU cell fed the whole parity vector at every step; linear heads read h.
+
+    h_{n+1} = GRU(x, h_n);  y_hat_n = w_y . h_{n+1};  lambda_n = sigmoid(w_l . h_{n+1}).
+
+    The training unroll runs `ponder.gru.gru_unroll` on the cell's weights: the same numbers
+    as N ``GRUCell`` calls, with a hand-written backward pass that is several times cheaper.
+    """
+
+    def __init__(self, n_elems: int, n_hidden: int) -> None:
+        super().__init__()
+        self.n_hidden = n_hidden
+        self.cell = nn.GRUCell(n_elems, n_hidden)
+        self.output = nn.Linear(n_hidden, 1)  # parity logit
+        self.halt = nn.Linear(n_hidden, 1)  # lambda logit
+
+    def encode(self, x: torch.Tensor) -> torch.Tensor:
+        """The parity vector itself, ``[B, n_elems]``."""
+        return x
+
+    def initial_state(self, ctx: torch.Tensor) -> torch.Tensor:
+        """h_0 = 0, ``[B, H]``."""
+        return ctx.new_zeros(ctx.shape[0], self.n_hidden)
+
+    def transition(self, ctx: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        """h_{n+1} = GRU(x, h_n), ``[B, H]``."""
+        return self.cell(ctx, h)
+
+    def unroll(self, ctx: torch.Tensor, h: torch.Tensor, n_steps: int) -> torch.Tensor:
+        """N GRU steps on the same input, ``[N, B, H]``, through the fused `gru_unroll`."""
+        c = self.cell
+        return gru_unroll(ctx, h, c.weight_ih, c.weight_hh, c.bias_ih, c.bias_hh, n_steps)
+
+    def heads(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(parity logit, lambda logit), each ``h.shape[:-1]``."""
+        return self.output(h).squeeze(-1), self.halt(h).squeeze(-1)
+
+
+class MnistStep(StepFunction):
+    """A small CNN embeds the image once per forward; an MLP mixes embedding and h at each step.
+
+    e = CNN(x);  h_{n+1} = MLP([e, h_n]);  logits_n = W_y h_{n+1};  lambda_n = sigmoid(w_l . h_{n+1}).
+    """
+
+    def __init__(self, n_hidden: int = 64, n_embed: int = 64, n_classes: int = 10, dropout: float = 0.2) -> None:
+        super().__init__()
+        self.n_hidden = n_hidden
+        self.cnn = nn.Sequential(  # [B, 1, 28, 28] -> [B, n_embed]
+            nn.Conv2d(1, 16, kernel_size=5),  # [B, 16, 24, 24]
+            nn.MaxPool2d(2),  # [B, 16, 12, 12]
+            nn.ReLU(),
+            nn.Conv2d(16, 32, kernel_size=5),  # [B, 32, 8, 8]
+            nn.MaxPool2d(2),  # [B, 32, 4, 4]
+            nn.ReLU(),
+            nn.Flatten(),  # [B, 512]
+            nn.Linear(32 * 4 * 4, n_embed),
+            nn.ReLU(),
+        )
+        self.mix = nn.Sequential(  # [B, n_embed + H] -> [B, H]
+            nn.Linear(n_embed + n_hidden, n_hidden),
+            nn.ReLU(),
+            nn.Dropout(dropout),
+            nn.Linear(n_hidden, n_hidden),
+        )
+        self.output = nn.Linear(n_hidden, n_classes)
+        self.halt = nn.Linear(n_hidden, 1)
+
+    def encode(self, x: torch.Tensor) -> torch.Tensor:
+        """The CNN embedding, once per forward, ``[B, n_embed]``."""
+        return self.cnn(x)
+
+    def initial_state(self, ctx: torch.Tensor) -> torch.Tensor:
+        """h_0 = 0, ``[B, H]``."""
+        return ctx.new_zeros(ctx.shape[0], self.n_hidden)
+
+    def transition(self, ctx: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        """h_{n+1} = tanh(MLP([e, h_n])), ``[B, H]``; tanh keeps h bounded over many steps."""
+        return torch.tanh(self.mix(torch.cat([ctx, h], dim=-1)))
+
+    def heads(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(class logits ``[..., 10]``, lambda logit ``[...]``)."""
+        return self.output(h), self.halt(h).squeeze(-1)
+
+

@@ -1,0 +1,251 @@
+"""Training and evaluation: `Trainer` steps, evaluates, checkpoints and restores one run.
+
+A run yields one metrics dict per evaluation interval. Metric keys are flat, namespaced by
+evaluation set: ``test/halted_accuracy``, ``hard/mean_halting_step``, ``train/loss``, ...
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.nn.utils import clip_grad_norm_
+
+from ponder.config import TaskConfig, config_from_dict
+from ponder.data.mnist import MnistData
+from ponder.halting import expected_steps, log_geometric_prior, sample_halting_step
+from ponder.losses import kl_to_prior, per_step_cross_entropy, reconstruction_loss
+from ponder.model import PonderOutput
+from ponder.tasks import accuracy, build_task
+
+__all__ = ["OUTCOMES", "TIMING_KEYS", "Metrics", "StepResult", "Trainer", "resolve_device"]
+
+Metrics = dict[str, Any]
+"""One evaluation's metrics: floats, ints, the outcome string, and per-step lists."""
+
+OUTCOMES = ("running", "completed", "diverged")
+"""A run is running until it has made all its iterations (completed) or hit the NaN limit (diverged)."""
+
+# keys of a metrics dict that depend on the machine, not on the run's arithmetic
+TIMING_KEYS = ("time_s", "iterations_per_s")
+
+
+def resolve_device(name: str) -> torch.device:
+    """``auto`` is CUDA when torch sees a GPU (the one Tune assigned, under Tune), else the CPU."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+@dataclass
+class StepResult:
+    """What one training iteration did."""
+
+    loss: float
+    loss_rec: float
+    loss_reg: float
+    grad_norm: float
+    finite: bool
+    """False when the loss or the gradient norm was not finite: the update was skipped."""
+
+
+class Trainer:
+    """Trains one PonderNet on one task config; every piece of its state is in `state_dict`."""
+
+    def __init__(self, config: TaskConfig, mnist: MnistData | None = None) -> None:
+        self.config = config
+        self.device = resolve_device(config.device)
+        task = build_task(config, self.device, mnist)
+        self.model = task.model
+        self.sample_batch = task.sample_batch
+        self.eval_sets = task.eval_sets
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=config.lr)
+        self.generator = torch.Generator(device=self.device).manual_seed(config.seed)
+        self.log_prior = log_geometric_prior(config.lambda_p, config.max_steps, config.prior_tail).to(self.device)
+        self.iteration = 0
+        self.nan_events = 0
+        self.outcome = "running"
+        self.train_time_s = 0.0
+        self._sums = {"loss": 0.0, "loss_rec": 0.0, "loss_reg": 0.0, "grad_norm": 0.0}
+        self._finite_steps = 0  # finite iterations since the last evaluation
+        self._interval_start = (0, 0.0)  # (iteration, train_time_s) at the last evaluation
+
+    # -- the loss ---------------------------------------------------------------------------
+    def loss(self, out: PonderOutput, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(L, L_rec, L_reg) with L = L_rec + beta * L_reg."""
+        rec = reconstruction_loss(out.log_p, per_step_cross_entropy(out.y_hat, y))
+        reg = kl_to_prior(out.log_p, self.log_prior, self.config.kl_direction)
+        return rec + self.config.beta * reg, rec, reg
+
+    # -- training -----------------------------------------------------------------------------
+    def train_step(self, batch: tuple[torch.Tensor, torch.Tensor] | None = None) -> StepResult:
+        """One iteration on ``batch`` (default: a fresh training batch). A non-finite loss or
+        gradient norm skips the update and counts as a NaN event."""
+        start = time.perf_counter()
+        x, y = batch if batch is not None else self.sample_batch(self.generator)
+        self.model.train()
+        loss, rec, reg = self.loss(self.model(x), y)
+        self.optimizer.zero_grad(set_to_none=True)
+        grad_norm = math.nan
+        finite = bool(torch.isfinite(loss))
+        if finite:
+            loss.backward()
+            max_norm = self.config.grad_clip if self.config.grad_clip > 0 else math.inf
+            grad_norm = float(clip_grad_norm_(self.model.parameters(), max_norm))
+            finite = math.isfinite(grad_norm)
+        if finite:
+            self.optimizer.step()
+            for key, value in (("loss", loss), ("loss_rec", rec), ("loss_reg", reg)):
+                self._sums[key] += float(value.detach())
+            self._sums["grad_norm"] += grad_norm
+            self._finite_steps += 1
+        else:  # skip the update: no garbage reaches the weights or Adam's moments
+            self.optimizer.zero_grad(set_to_none=True)
+            self.nan_events += 1
+        self.iteration += 1
+        self.train_time_s += time.perf_counter() - start
+        return StepResult(float(loss.detach()), float(rec.detach()), float(reg.detach()), grad_norm, finite)
+
+    def run(self) -> Iterator[Metrics]:
+        """Train to ``config.iterations``, yielding metrics every ``eval_interval`` iterations
+        and once at the end; stops early, as ``diverged``, past ``max_nan_events``."""
+        cfg = self.config
+        if self.outcome != "running":
+            return
+        while self.iteration < cfg.iterations:
+            self.train_step()
+            if self.nan_events > cfg.max_nan_events:
+                self.outcome = "diverged"
+            elif self.iteration == cfg.iterations:
+                self.outcome = "completed"
+            if self.outcome != "running" or self.iteration % cfg.eval_interval == 0:
+                yield self.metrics()
+            if self.outcome != "running":
+                return
+        self.outcome = "completed"  # zero iterations asked for, or resumed at the end
+        yield self.metrics()
+
+    # -- evaluation ---------------------------------------------------------------------------
+    @torch.no_grad()
+    def evaluate(self) -> Metrics:
+        """Metrics on every fixed evaluation set; deterministic for given weights.
+
+        Per set: halted accuracy (the prediction at a halting step sampled from p), mean
+        halting step (of those samples), expected steps (sum_n n p_n), accuracy at every
+        step, the mean halting distribution, and the losses.
+        """
+        self.model.eval()
+        # the same halting draws at every evaluation, so the metric moves only with the weights
+        gen = torch.Generator(device=self.device).manual_seed(self.config.seed + 7919)
+        metrics: Metrics = {}
+        for name, s in self.eval_sets.items():
+            out = self.model(s.x)
+            loss, rec, reg = self.loss(out, s.y)
+            step = sample_halting_step(out.log_p, gen)  # 0-based                         # [B]
+            correct = accuracy(out.y_hat, s.y)  # [N, B]
+            halted = correct.gather(0, step[None]).squeeze(0)  # correct at the halting step # [B]
+            metrics.update(
+                {
+                    f"{name}/halted_accuracy": float(halted.mean()),
+                    f"{name}/mean_halting_step": float((step + 1).float().mean()),
+                    f"{name}/expected_steps": float(expected_steps(out.log_p).mean()),
+                    f"{name}/per_step_accuracy": correct.mean(dim=1).tolist(),
+                    f"{name}/halting_distribution": out.log_p.exp().mean(dim=1).tolist(),
+                    f"{name}/loss": float(loss),
+                    f"{name}/loss_rec": float(rec),
+                    f"{name}/loss_reg": float(reg),
+                }
+            )
+        self.model.train()
+        return metrics
+
+    def metrics(self) -> Metrics:
+        """Training averages since the last call, the run's counters, and `evaluate`."""
+        n = self._finite_steps
+        it0, t0 = self._interval_start
+        elapsed = self.train_time_s - t0
+        metrics: Metrics = {
+            "iteration": self.iteration,
+            "outcome": self.outcome,
+            "nan_events": self.nan_events,
+            **{f"train/{k}": (v / n if n else math.nan) for k, v in self._sums.items()},
+            "time_s": self.train_time_s,
+            "iterations_per_s": (self.iteration - it0) / elapsed if elapsed > 0 else 0.0,
+        }
+        self._sums = dict.fromkeys(self._sums, 0.0)
+        self._finite_steps = 0
+        self._interval_start = (self.iteration, self.train_time_s)
+        metrics.update(self.evaluate())
+        return metrics
+
+    # -- checkpoints ----------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Everything a resumed run needs to continue exactly: weights, Adam, RNGs, counters."""
+        state: dict[str, Any] = {
+            "config": self.config.to_dict(),
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "generator": self.generator.get_state(),
+            "torch_rng": torch.get_rng_state(),
+            "iteration": self.iteration,
+            "nan_events": self.nan_events,
+            "outcome": self.outcome,
+            "train_time_s": self.train_time_s,
+            "sums": dict(self._sums),
+            "finite_steps": self._finite_steps,
+            "interval_start": list(self._interval_start),
+        }
+        if self.device.type == "cuda":
+            state["cuda_rng"] = torch.cuda.get_rng_state(self.device)
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what `state_dict` saved (the config must match this trainer's)."""
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.generator.set_state(state["generator"])
+        torch.set_rng_state(state["torch_rng"])
+        if "cuda_rng" in state and self.device.type == "cuda":
+            torch.cuda.set_rng_state(state["cuda_rng"], self.device)
+        self.iteration = int(state["iteration"])
+        self.nan_events = int(state["nan_events"])
+        self.outcome = str(state["outcome"])
+        self.train_time_s = float(state["train_time_s"])
+        self._sums = dict(state["sums"])
+        self._finite_steps = int(state["finite_steps"])
+        it0, t0 = state["interval_start"]
+        self._interval_start = (int(it0), float(t0))
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write a checkpoint atomically: a reader sees the old file or the new one, never half."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        os.close(fd)
+        try:
+            torch.save(self.state_dict(), tmp)
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+    @classmethod
+    def from_checkpoint(
+        cls, path: str | os.PathLike[str], mnist: MnistData | None = None, device: str | None = None
+    ) -> Trainer:
+        """A trainer restored from `save`'s file (loaded with ``weights_only=True``)."""
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        values = dict(state["config"])
+        if device is not None:
+            values["device"] = device
+        trainer = cls(config_from_dict(values), mnist)
+        trainer.load_state_dict(state)
+        return trainer
+

@@ -1,0 +1,46 @@
+"""Shared fixtures: every step function, built small, with an input batch that fits it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from ponder.model import StepFunction
+from ponder.steps import MnistStep, ParityStep
+
+
+@dataclass
+class StepCase:
+    """A step function and a way to make inputs and labels for it."""
+
+    name: str
+    make_step: Callable[[], StepFunction]
+    make_input: Callable[[int], torch.Tensor]
+    make_labels: Callable[[int], torch.Tensor]
+
+
+STEP_CASES = [
+    StepCase(
+        "parity",
+        lambda: ParityStep(n_elems=6, n_hidden=16),
+        lambda b: torch.randint(-1, 2, (b, 6)).float(),
+        lambda b: torch.randint(0, 2, (b,)).float(),
+    ),
+    StepCase(
+        "mnist",
+        lambda: MnistStep(n_hidden=16, n_embed=8),
+        lambda b: torch.randn(b, 1, 28, 28),
+        lambda b: torch.randint(0, 10, (b,)),
+    ),
+]
+
+
+@pytest.fixture(params=STEP_CASES, ids=[c.name for c in STEP_CASES])
+def step_case(request: pytest.FixtureRequest) -> StepCase:
+    """Each step function in turn: shared properties are checked for all of them."""
+    torch.manual_seed(0)
+    case: StepCase = request.param
+    return case

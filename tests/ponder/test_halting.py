@@ -1,0 +1,108 @@
+"""The halting distribution in log space, its sampling, and the geometric prior."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from ponder.halting import (
+    expected_steps,
+    halting_distribution,
+    log_geometric_prior,
+    log_halting_distribution,
+    sample_halting_step,
+)
+
+
+def product_formula(lambda_logits: torch.Tensor) -> torch.Tensor:
+    """p_n = lambda_n prod_{j<n} (1 - lambda_j), lambda_N = 1: the seeds' way, step by step."""
+    lam = torch.sigmoid(lambda_logits)
+    lam[-1] = 1.0
+    p, not_halted = [], torch.ones_like(lam[0])
+    for n in range(lam.shape[0]):
+        p.append(not_halted * lam[n])
+        not_halted = not_halted * (1 - lam[n])
+    return torch.stack(p)
+
+
+def test_log_space_equals_product_formula_where_finite() -> None:
+    torch.manual_seed(0)
+    logits = torch.randn(12, 64, dtype=torch.double) * 3  # product formula in float64: exact
+    assert torch.allclose(halting_distribution(logits), product_formula(logits), atol=1e-12)
+
+
+@pytest.mark.parametrize("n_steps", [1, 2, 20])
+def test_sums_to_one_and_last_step_halts(n_steps: int) -> None:
+    logits = torch.randn(n_steps, 32) * 5
+    p = halting_distribution(logits)
+    assert torch.allclose(p.sum(dim=0), torch.ones(32), atol=1e-5)
+    # the last step's lambda is 1 whatever its logit: p_N is all the mass left
+    survival = torch.sigmoid(-logits[:-1]).prod(dim=0)
+    assert torch.allclose(p[-1], survival, atol=1e-6)
+
+
+@pytest.mark.parametrize("saturation", [60.0, -60.0, "mixed"])
+def test_saturated_logits_stay_finite_with_finite_gradients(saturation: float | str) -> None:
+    if saturation == "mixed":  # +-60 alternating over steps and samples
+        signs = torch.tensor([1.0, -1.0]).repeat(10)[:, None] * torch.tensor([1.0, -1.0]).repeat(4)
+        logits = (60.0 * signs).requires_grad_()
+    else:
+        logits = torch.full((20, 8), float(saturation), requires_grad=True)
+    log_p = log_halting_distribution(logits)
+    p_plain = product_formula(logits.detach())  # float32, as in training
+    if saturation != -60.0:  # lambda = 1.0 exactly: the product underflows to 0, log to -inf
+        assert (p_plain == 0).any() and torch.isinf(p_plain.log()).any()
+    assert torch.isfinite(log_p).all()
+    # where the product formula is finite and not underflowed, both agree
+    ok = p_plain > 1e-30
+    assert torch.allclose(log_p[ok].exp(), p_plain[ok], rtol=1e-4)
+    prior = log_geometric_prior(0.2, 20)
+    kl = (log_p.exp() * (log_p - prior[:, None])).sum(0).mean()
+    kl.backward()
+    assert torch.isfinite(kl) and logits.grad is not None and torch.isfinite(logits.grad).all()
+
+
+@pytest.mark.parametrize("tail", ["renormalise", "last_step"])
+@pytest.mark.parametrize("lambda_p", [0.05, 0.2, 0.5, 1.0])
+def test_proper_prior_tails_sum_to_one(tail: str, lambda_p: float) -> None:
+    prior = log_geometric_prior(lambda_p, 20, tail).exp()  # type: ignore[arg-type]
+    assert prior.sum().item() == pytest.approx(1.0, abs=1e-6)
+
+
+def test_truncated_prior_is_the_seeds_and_loses_its_tail() -> None:
+    prior = log_geometric_prior(0.2, 20, "truncate").exp()
+    assert prior.sum().item() == pytest.approx(1 - 0.8**20, abs=1e-6)  # 0.988, as NOTES.md says
+    assert prior[0].item() == pytest.approx(0.2) and prior[1].item() == pytest.approx(0.16)
+
+
+def test_renormalised_prior_keeps_the_geometric_ratio() -> None:
+    prior = log_geometric_prior(0.3, 10, "renormalise").exp()
+    assert torch.allclose(prior[1:] / prior[:-1], torch.full((9,), 0.7), atol=1e-6)
+
+
+def test_last_step_prior_is_the_constant_rate_halting_process() -> None:
+    # a model whose lambda_n = lambda_p at every step matches this prior exactly
+    logit = math.log(0.3 / 0.7)
+    model_p = halting_distribution(torch.full((10, 1), logit))[:, 0]
+    assert torch.allclose(model_p, log_geometric_prior(0.3, 10, "last_step").exp(), atol=1e-6)
+
+
+@pytest.mark.parametrize("bad", [0.0, -0.1, 1.5])
+def test_prior_rejects_lambda_p_outside_unit_interval(bad: float) -> None:
+    with pytest.raises(ValueError, match="lambda_p"):
+        log_geometric_prior(bad, 10)
+
+
+def test_sampled_halting_steps_follow_p() -> None:
+    p = torch.tensor([0.1, 0.6, 0.3])
+    log_p = p.log()[:, None].expand(3, 40_000)
+    steps = sample_halting_step(log_p, torch.Generator().manual_seed(0))
+    freq = torch.bincount(steps, minlength=3).float() / steps.numel()
+    assert torch.allclose(freq, p, atol=0.01)
+
+
+def test_expected_steps_counts_from_one() -> None:
+    p = torch.tensor([[0.5], [0.25], [0.25]])
+    assert expected_steps(p.log()).item() == pytest.approx(0.5 + 0.5 + 0.75)
