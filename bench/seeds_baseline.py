@@ -54,7 +54,9 @@ class ParityPonderGRU(nn.Module):
                 lambda_n = torch.sigmoid(self.lambda_layer(h))[:, 0]
             y_list.append(self.output_layer(h)[:, 0])
             p_list.append(un_halted_prob * lambda_n)
-            halting_step = torch.maximum(n * (halting_step == 0) * torch.bernoulli(lambda_n).to(torch.long), halting_step)
+            halting_step = torch.maximum(
+                n * (halting_step == 0) * torch.bernoulli(lambda_n).to(torch.long), halting_step
+            )
             un_halted_prob = un_halted_prob * (1 - lambda_n)
             h = self.cell(x, h)
         return torch.stack(y_list), torch.stack(p_list), halting_step
@@ -92,8 +94,16 @@ class RegularizationLoss(nn.Module):
 class SeedsTrainer:
     """One training iteration per `step`, as the seeds' training script does it."""
 
-    def __init__(self, n_elems: int, n_hidden: int, max_steps: int, batch_size: int,
-                 lambda_p: float = 0.2, beta: float = 0.01, lr: float = 3e-4) -> None:
+    def __init__(
+        self,
+        n_elems: int,
+        n_hidden: int,
+        max_steps: int,
+        batch_size: int,
+        lambda_p: float = 0.2,
+        beta: float = 0.01,
+        lr: float = 3e-4,
+    ) -> None:
         self.model = ParityPonderGRU(n_elems, n_hidden, max_steps)
         self.loss_rec = ReconstructionLoss(nn.BCEWithLogitsLoss(reduction="none"))
         self.loss_reg = RegularizationLoss(lambda_p, max_steps)

@@ -23,7 +23,7 @@ from ponder.config import CONFIGS, ConfigError, PonderConfig, TaskConfig
 from ponder.data.mnist import IdxError
 from ponder.trainer import Metrics, Trainer
 
-__all__ = ["main", "build_parser", "field_docs"]
+__all__ = ["build_parser", "field_docs", "main"]
 
 PROG = "python -m ponder.train"
 EXIT_USAGE = 2
@@ -118,7 +118,11 @@ def _fail(message: str) -> NoReturn:
 def _config(args: argparse.Namespace) -> TaskConfig:
     cls = CONFIGS[args.task]
     known = {f.name for f in dataclasses.fields(cls)}
-    values = {k: v for k, v in vars(args).items() if k in {f.name for c in CONFIGS.values() for f in dataclasses.fields(c)}}
+    values = {
+        k: v
+        for k, v in vars(args).items()
+        if k in {f.name for c in CONFIGS.values() for f in dataclasses.fields(c)}
+    }
     foreign = sorted(set(values) - known)
     if foreign:
         _fail(f"{_flag(foreign[0])} is not a flag of task {args.task}")
@@ -151,7 +155,9 @@ def _summary(history: list[Metrics], config: PonderConfig) -> str:
             f"{s:<14}{last[f'{s}/halted_accuracy']:>11.4f}{best:>8.4f}"
             f"{last[f'{s}/mean_halting_step']:>11.2f}{last[f'{s}/expected_steps']:>10.2f}"
         )
-    lines.append(f"prior mean halting step 1/lambda_p = {1 / config.lambda_p:.2f} (max_steps {config.max_steps})")
+    lines.append(
+        f"prior mean halting step 1/lambda_p = {1 / config.lambda_p:.2f} (max_steps {config.max_steps})"
+    )
     return "\n".join(lines)
 
 
@@ -167,10 +173,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             _fail(f"--threads must be >= 1, got {args.threads}")
         torch.set_num_threads(args.threads)
     try:
-        if args.resume:
-            trainer = Trainer.from_checkpoint(args.resume)
-        else:
-            trainer = Trainer(_config(args))
+        trainer = Trainer.from_checkpoint(args.resume) if args.resume else Trainer(_config(args))
     except (ConfigError, IdxError) as e:
         _fail(str(e))
     except FileNotFoundError as e:

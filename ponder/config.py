@@ -6,12 +6,20 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar
 
 from ponder.halting import PriorTail
 from ponder.losses import KLDirection
 
-__all__ = ["ConfigError", "PonderConfig", "ParityConfig", "MnistConfig", "TaskConfig", "CONFIGS", "config_from_dict"]
+__all__ = [
+    "CONFIGS",
+    "ConfigError",
+    "MnistConfig",
+    "ParityConfig",
+    "PonderConfig",
+    "TaskConfig",
+    "config_from_dict",
+]
 
 
 class ConfigError(ValueError):
@@ -70,7 +78,7 @@ class PonderConfig:
                 continue
             if value is None and f.type.endswith("| None"):
                 continue
-            if not isinstance(value, kind) or isinstance(value, bool) and kind is not bool:
+            if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
                 raise ConfigError(f"{f.name} must be {kind.__name__}, got {value!r}")
 
     def validate(self) -> None:
@@ -86,7 +94,12 @@ class PonderConfig:
         _check(self.eval_interval >= 1, "eval_interval", self.eval_interval, ">= 1")
         _check(self.eval_samples >= 1, "eval_samples", self.eval_samples, ">= 1")
         _check(self.max_nan_events >= 0, "max_nan_events", self.max_nan_events, ">= 0")
-        _check(self.kl_direction in ("forward", "reverse"), "kl_direction", self.kl_direction, "forward or reverse")
+        _check(
+            self.kl_direction in ("forward", "reverse"),
+            "kl_direction",
+            self.kl_direction,
+            "forward or reverse",
+        )
         _check(
             self.prior_tail in ("renormalise", "last_step", "truncate"),
             "prior_tail",

@@ -30,7 +30,7 @@ __all__ = ["gru_unroll"]
 
 class _ConstantInputGRU(torch.autograd.Function):
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx: FunctionCtx,
         x: torch.Tensor,  # [B, I]
         h0: torch.Tensor,  # [B, H]
@@ -65,28 +65,34 @@ class _ConstantInputGRU(torch.autograd.Function):
         n_steps, batch, hidden = out.shape
         r, z = rz[..., :hidden], rz[..., hidden:]  # [N, B, H] each
         h_prev = torch.cat([h0[None], out[:-1]])  # h_n for every step                   # [N, B, H]
-        # dL/d(pre-activation) = dL/dh_{n+1} * coefficient, for all steps at once:
-        c_c = (1 - z) * (1 - cand * cand)  # candidate: d h'/dc * tanh'                # [N, B, H]
-        c_z = (h_prev - cand) * z * (1 - z)  # update gate: d h'/dz * sigma'           # [N, B, H]
-        c_r = c_c * gh_c * r * (1 - r)  # reset gate, through c                         # [N, B, H]
-        coef_gh = torch.stack([c_r, c_z, c_c * r], dim=2)  # d gh_n                   # [N, B, 3, H]
-        coef_gi = torch.stack([c_r, c_z, c_c], dim=2)  # d gi at step n                # [N, B, 3, H]
+        # dL/d(pre-activation) = dL/dh_{n+1} * coefficient, computed for all steps at once.
+        # Candidate: d h'/dc * tanh'(.) = (1 - z)(1 - c^2)                                # [N, B, H]
+        c_c = (1 - z) * (1 - cand * cand)
+        coef_gh = out.new_empty(n_steps, batch, 3 * hidden)  # dL/dgh_n / dL/dh_{n+1}  # [N, B, 3H]
+        # reset gate, through c: c_c * gh_c * r (1 - r)
+        torch.mul(c_c * gh_c, r * (1 - r), out=coef_gh[..., :hidden])
+        # update gate: d h'/dz * sigma'(.) = (h_n - c) z (1 - z)
+        torch.mul(h_prev - cand, z * (1 - z), out=coef_gh[..., hidden : 2 * hidden])
+        # candidate's share of gh: c_c * r
+        torch.mul(c_c, r, out=coef_gh[..., 2 * hidden :])
 
-        grad_h = grad_out.new_empty(n_steps, batch, hidden)  # dL/dh_{n+1}, total      # [N, B, H]
-        grad_gh = grad_out.new_empty(n_steps, batch, 3, hidden)  # dL/dgh_n           # [N, B, 3, H]
+        grad_h = grad_out.new_empty(n_steps, batch, hidden)  # dL/dh_{n+1}, all paths  # [N, B, H]
+        grad_gh = grad_out.new_empty(n_steps, batch, 3 * hidden)  # dL/dgh_n          # [N, B, 3H]
         grad_h[-1] = grad_out[-1]
         grad_h0 = grad_out.new_empty(batch, hidden)
         for n in range(n_steps - 1, -1, -1):  # backward through time: 3 ops a step
-            torch.mul(grad_h[n, :, None, :], coef_gh[n], out=grad_gh[n])
-            # dL/dh_n = dL/dh_n(direct, from the output) + z * dL/dh_{n+1} + dL/dgh_n W_hh
+            torch.mul(coef_gh[n], grad_h[n].repeat(1, 3), out=grad_gh[n])
+            # dL/dh_n = (dL/dh_n from the output) + z * dL/dh_{n+1} + dL/dgh_n W_hh
             direct = grad_out[n - 1] if n > 0 else torch.zeros_like(grad_h0)
             base = torch.addcmul(direct, grad_h[n], z[n])
-            torch.addmm(base, grad_gh[n].view(batch, 3 * hidden), w_hh, out=grad_h[n - 1] if n > 0 else grad_h0)
+            torch.addmm(base, grad_gh[n], w_hh, out=grad_h[n - 1] if n > 0 else grad_h0)
 
         flat_gh = grad_gh.view(n_steps * batch, 3 * hidden)
-        grad_w_hh = flat_gh.t() @ h_prev.reshape(n_steps * batch, hidden)  # one matmul  # [3H, H]
+        grad_w_hh = flat_gh.t() @ h_prev.view(n_steps * batch, hidden)  # one matmul    # [3H, H]
         grad_b_hh = flat_gh.sum(dim=0)  # [3H]
-        grad_gi = (grad_h[:, :, None, :] * coef_gi).sum(dim=0).view(batch, 3 * hidden)  # [B, 3H]
+        # gi is the same at every step: its gradient is the sum over steps. Its r, z parts
+        # equal gh's; its candidate part lacks gh's factor r.
+        grad_gi = torch.cat([grad_gh[..., : 2 * hidden].sum(dim=0), (grad_h * c_c).sum(dim=0)], dim=1)
         grad_w_ih = grad_gi.t() @ x  # [3H, I]
         grad_b_ih = grad_gi.sum(dim=0)  # [3H]
         grad_x = grad_gi @ w_ih if ctx.needs_input_grad[0] else None  # [B, I]
@@ -103,5 +109,5 @@ def gru_unroll(
     n_steps: int,
 ) -> torch.Tensor:
     """h_1 .. h_N ``[N, B, H]`` of a GRU cell applied N times to the same ``x`` ``[B, I]``."""
-    out: torch.Tensor = _ConstantInputGRU.apply(x, h0, w_ih, w_hh, b_ih, b_hh, n_steps)
+    out: torch.Tensor = _ConstantInputGRU.apply(x, h0, w_ih, w_hh, b_ih, b_hh, n_steps)  # type: ignore[no-untyped-call]
     return out

@@ -17,11 +17,11 @@ import torch.nn.functional as F
 
 __all__ = [
     "PriorTail",
-    "log_halting_distribution",
+    "expected_steps",
     "halting_distribution",
     "log_geometric_prior",
+    "log_halting_distribution",
     "sample_halting_step",
-    "expected_steps",
 ]
 
 PriorTail = Literal["renormalise", "last_step", "truncate"]
@@ -51,9 +51,7 @@ def halting_distribution(lambda_logits: torch.Tensor) -> torch.Tensor:
     return log_halting_distribution(lambda_logits).exp()
 
 
-def log_geometric_prior(
-    lambda_p: float, max_steps: int, tail: PriorTail = "renormalise"
-) -> torch.Tensor:
+def log_geometric_prior(lambda_p: float, max_steps: int, tail: PriorTail = "renormalise") -> torch.Tensor:
     """log p_G(n; lambda_p) for n = 1..N, shape ``[N]``.
 
     p_G(n) = lambda_p (1 - lambda_p)^(n-1) has infinite support; at N steps a mass of

@@ -16,9 +16,9 @@ import torch.nn.functional as F
 
 __all__ = [
     "KLDirection",
+    "kl_to_prior",
     "per_step_cross_entropy",
     "reconstruction_loss",
-    "kl_to_prior",
 ]
 
 KLDirection = Literal["forward", "reverse"]

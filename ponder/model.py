@@ -15,15 +15,16 @@ from torch import nn
 
 from ponder.halting import log_halting_distribution
 
-__all__ = ["StepFunction", "PonderNet", "PonderOutput", "HaltedOutput"]
+__all__ = ["HaltedOutput", "PonderNet", "PonderOutput", "StepFunction"]
 
 
 class StepFunction(nn.Module, ABC):
     """A PonderNet step s(x, h) -> (y_hat, h', lambda_logit), split so the parts vectorise.
 
     ``encode`` runs once per forward (a CNN embedding, an input projection), ``transition``
-    once per step (``unroll`` runs N of them, fused where the step allows), and ``heads`` maps hidden states of any leading shape to predictions and
-    lambda logits, so training can apply it to all N states at once.
+    once per step (``unroll`` runs N of them, fused where the step allows), and ``heads``
+    maps hidden states of any leading shape to predictions and lambda logits, so training
+    can apply it to all N states at once.
     """
 
     @abstractmethod

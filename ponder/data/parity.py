@@ -26,13 +26,13 @@ def parity_batch(
     lo, hi = n_nonzero
     if not 0 <= lo <= hi <= n_elems:
         raise ValueError(f"n_nonzero range must satisfy 0 <= lo <= hi <= n_elems={n_elems}, got {n_nonzero}")
-    kw = {"generator": generator, "device": device}
-    k = torch.randint(lo, hi + 1, (batch_size, 1), **kw)  # non-zero count          # [B, 1]
+    g, dev = generator, device
+    k = torch.randint(lo, hi + 1, (batch_size, 1), generator=g, device=dev)  # non-zero count  # [B, 1]
     # the k positions with the smallest uniform keys are the non-zero ones
-    u = torch.rand(batch_size, n_elems, **kw)  # [B, n]
+    u = torch.rand(batch_size, n_elems, generator=g, device=dev)  # [B, n]
     kth = u.sort(dim=1).values.gather(1, (k - 1).clamp(min=0))  # k-th smallest key  # [B, 1]
     nonzero = (u <= kth) & (k > 0)  # [B, n]
-    signs = torch.randint(0, 2, (batch_size, n_elems), **kw) * 2 - 1  # +-1          # [B, n]
+    signs = torch.randint(0, 2, (batch_size, n_elems), generator=g, device=dev) * 2 - 1  # +-1  # [B, n]
     x = torch.where(nonzero, signs, 0).float()  # [B, n]
     y = ((x == 1).sum(dim=1) % 2).float()  # parity of the +1 count                  # [B]
     return x, y

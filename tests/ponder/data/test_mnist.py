@@ -26,7 +26,11 @@ def write_dataset(root: Path, n_train: int = 20, n_test: int = 8, gz: bool = Fal
     rng = np.random.default_rng(0)
     suffix = ".gz" if gz else ""
     for split, n in (("train", n_train), ("t10k", n_test)):
-        write_idx(root / f"{split}-images-idx3-ubyte{suffix}", rng.integers(0, 256, (n, 28, 28), dtype=np.uint8), gz=gz)
+        write_idx(
+            root / f"{split}-images-idx3-ubyte{suffix}",
+            rng.integers(0, 256, (n, 28, 28), dtype=np.uint8),
+            gz=gz,
+        )
         write_idx(root / f"{split}-labels-idx1-ubyte{suffix}", rng.integers(0, 10, n, dtype=np.uint8), gz=gz)
     return root
 
@@ -117,7 +121,7 @@ def test_rotating_by_90_degrees_is_rot90() -> None:
 def test_rotation_is_counter_clockwise_and_fills_corners_with_background() -> None:
     img = torch.zeros(1, 1, 28, 28)
     img[0, 0, 14, 24] = 1.0  # right of the centre
-    (row, col), = torch.nonzero(rotate(img, 90.0)[0, 0] > 0.5).tolist()
+    ((row, col),) = torch.nonzero(rotate(img, 90.0)[0, 0] > 0.5).tolist()
     assert (row, col) == (3, 14)  # now above it
     ones = rotate(torch.ones(1, 1, 28, 28), 45.0)
     assert ones[0, 0, 0, 0] == 0.0 and ones[0, 0, 14, 14] == pytest.approx(1.0)
