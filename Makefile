@@ -4,7 +4,9 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: help venv test lint typecheck pytest study bench train clean
+FASHION := /usr/share/datasets/fashion-mnist
+
+.PHONY: help venv test lint typecheck pytest study bench train clean fashion-mnist
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -25,7 +27,16 @@ lint: $(STAMP)  ## ruff lint and format check
 typecheck: $(STAMP)  ## mypy on ponder/ and study/
 	$(BIN)/mypy
 
-pytest: $(STAMP)  ## the test suite
+fashion-mnist:  ## Debian's Fashion-MNIST IDX files, for the reader's test (best effort: skipped if apt cannot)
+	@if [ -d $(FASHION) ]; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		echo "installing Debian's dataset-fashion-mnist for the IDX reader's test"; \
+		(apt-get install -y -qq dataset-fashion-mnist >/dev/null 2>&1 || \
+		 (apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq dataset-fashion-mnist >/dev/null 2>&1)) || \
+		echo "could not install dataset-fashion-mnist: its test will be skipped"; \
+	else echo "no root or apt-get: the Fashion-MNIST test will be skipped"; fi
+
+pytest: $(STAMP) fashion-mnist  ## the test suite
 	$(BIN)/pytest -q
 
 test: lint typecheck pytest  ## everything CI runs: lint, types, tests

@@ -22,9 +22,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from seeds_baseline import SeedsTrainer  # noqa: E402
+from seeds_baseline import SeedsTrainer
 
-from ponder import ParityConfig, Trainer  # noqa: E402
+from ponder import ParityConfig, Trainer
 
 SHAPES = {"n_elems": 15, "max_steps": 20, "batch_size": 128, "n_hidden": 64}
 
@@ -40,7 +40,9 @@ def timed(step: Callable[[], object], n: int) -> list[float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--iterations", type=int, default=300, help="timed iterations of each, in rounds")
     parser.add_argument("--warmup", type=int, default=30, help="untimed iterations of each first")
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")

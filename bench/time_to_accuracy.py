@@ -20,10 +20,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from seeds_baseline import SeedsTrainer  # noqa: E402
+from seeds_baseline import SeedsTrainer
 
-from ponder import ParityConfig, Trainer  # noqa: E402
-from ponder.data.parity import parity_eval_sets  # noqa: E402
+from ponder import ParityConfig, Trainer
+from ponder.data.parity import parity_eval_sets
 
 
 def seeds_halted_accuracy(trainer: SeedsTrainer, x: torch.Tensor, y: torch.Tensor) -> float:
@@ -37,7 +37,9 @@ def seeds_halted_accuracy(trainer: SeedsTrainer, x: torch.Tensor, y: torch.Tenso
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--target", type=float, default=0.99, help="halted accuracy on the test set")
     parser.add_argument("--budget", type=float, default=300.0, help="wall seconds at most")
     parser.add_argument("--eval-interval", type=int, default=250)
@@ -64,7 +66,8 @@ def main() -> None:
     print(f"config: {config.to_dict()}")
     if reached:
         it, wall, train_s = reached
-        print(f"ponder: halted accuracy >= {args.target} at iteration {it}, {wall:.1f} s wall ({train_s:.1f} s training)")
+        print(f"ponder: halted accuracy >= {args.target} at iteration {it}, {wall:.1f} s wall", end="")
+        print(f" ({train_s:.1f} s training)")
     else:
         print(f"ponder: did not reach {args.target} within {args.budget:.0f} s")
 

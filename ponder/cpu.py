@@ -1,17 +1,11 @@
-"""Process-wide CPU settings that make small-tensor training fast: `tune_cpu`.
+"""Keep freed CPU memory in the process instead of handing it back to the OS every iteration.
 
-Two costs dominate a parity iteration on a CPU that are not arithmetic at all:
-
-1. Page faults. An iteration allocates and frees the same few-MB tensors again and again.
-   glibc serves blocks over its mmap threshold (128 KB at start) with fresh ``mmap`` pages and
-   trims freed heap back to the OS, so every iteration page-faults its working set in again:
-   about 1,200 faults per parity iteration here, which on a virtual machine cost more than the
-   arithmetic (15.9 ms against 7.7 ms per GRU forward and backward at the benchmark's
-   shapes). Raising both thresholds keeps those pages mapped.
-2. Denormal floats. Late in training some p_n = exp(log p_n) fall below 1e-38; x86 handles
-   such subnormal numbers in microcode, 10-100x slower per operation, and iterations slowed
-   from 105 to 67 per second as they appeared. Flushing them to zero changes nothing that
-   matters here: the losses take log p, and p_n < 1e-38 is 0 for every sum it enters.
+A training iteration allocates and frees the same few-MB tensors again and again. glibc serves
+blocks over its mmap threshold (128 KB at start) with fresh ``mmap`` pages and trims freed heap
+back to the OS, so every iteration page-faults its working set in again: about 1,200 faults
+per parity iteration here, which on a virtual machine cost more than the arithmetic (15.9 ms
+against 7.7 ms per GRU forward and backward at the benchmark's shapes, 2 threads). Raising
+both thresholds keeps those pages mapped.
 """
 
 from __future__ import annotations
@@ -20,9 +14,7 @@ import ctypes
 import ctypes.util
 import sys
 
-import torch
-
-__all__ = ["keep_freed_memory", "tune_cpu"]
+__all__ = ["keep_freed_memory"]
 
 # mallopt parameters, from glibc's malloc.h
 _M_TRIM_THRESHOLD = -1
@@ -44,11 +36,7 @@ def keep_freed_memory(mmap_threshold: int = 64 << 20, trim_threshold: int = 256 
     except (OSError, AttributeError):  # musl and other libcs have no mallopt
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    _done = bool(mallopt(_M_MMAP_THRESHOLD, mmap_threshold)) and bool(mallopt(_M_TRIM_THRESHOLD, trim_threshold))
+    _done = bool(mallopt(_M_MMAP_THRESHOLD, mmap_threshold)) and bool(
+        mallopt(_M_TRIM_THRESHOLD, trim_threshold)
+    )
     return _done
-
-
-def tune_cpu() -> None:
-    """Keep freed memory mapped and flush denormal floats to zero, for this process."""
-    keep_freed_memory()
-    torch.set_flush_denormal(True)

