@@ -1,38 +1,51 @@
 """Time one parity training iteration: this library against the seeds' formulation.
 
-Both run in this process, interleaved, on the issue's shapes: n_elems 15, max_steps 20,
-batch 128, hidden 64, CPU, 2 threads. The baseline (`bench/seeds_baseline.py`) builds
-samples one at a time through a DataLoader, computes p as a product, loops over steps in
-the reconstruction loss and takes ``KLDivLoss(p.log(), p_g)``. Prints both medians and, as
-its last line, ``speedup <baseline median / ours>``.
+Shapes from the issue: n_elems 15, max_steps 20, batch 128, hidden 64, CPU, 2 threads. The
+baseline (`bench/seeds_baseline.py`) builds samples one at a time through a DataLoader,
+computes p as a product, loops over steps in the reconstruction loss and takes
+``KLDivLoss(p.log(), p_g)``.
 
-    .venv/bin/python bench/iteration_speed.py [--iterations 300] [--threads 2]
+Each side runs in its own fresh worker process, as each would run for real (ponder's trainer
+changes process-wide malloc settings, see `ponder/cpu.py`, which the seeds' code would not
+have), and the workers alternate for several rounds so that a busy moment of the machine hits
+both alike. Prints both medians and, as its last line, ``speedup <baseline / ours>``.
+
+    .venv/bin/python bench/iteration_speed.py [--iterations 1000] [--rounds 5] [--threads 2]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
+import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from seeds_baseline import SeedsTrainer
-
-from ponder import ParityConfig, Trainer
-
+HERE = Path(__file__).resolve().parent
 SHAPES = {"n_elems": 15, "max_steps": 20, "batch_size": 128, "n_hidden": 64}
 
 
-def timed(step: Callable[[], object], n: int) -> list[float]:
-    """Seconds per call, ``n`` calls."""
+def worker(which: str, iterations: int, warmup: int, threads: int) -> list[float]:
+    """Seconds per training iteration of one side, in this process."""
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    if which == "seeds":
+        sys.path.insert(0, str(HERE))
+        from seeds_baseline import SeedsTrainer
+
+        step = SeedsTrainer(**SHAPES, lambda_p=0.2, beta=0.01, lr=3e-4).step
+    else:
+        from ponder import ParityConfig, Trainer
+
+        step = Trainer(ParityConfig(**SHAPES, lr=3e-4, device="cpu")).train_step  # type: ignore[assignment]
+    for _ in range(warmup):
+        step()
     times = []
-    for _ in range(n):
+    for _ in range(iterations):
         start = time.perf_counter()
         step()
         times.append(time.perf_counter() - start)
@@ -43,29 +56,30 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--iterations", type=int, default=300, help="timed iterations of each, in rounds")
-    parser.add_argument("--warmup", type=int, default=30, help="untimed iterations of each first")
+    parser.add_argument("--iterations", type=int, default=1000, help="timed iterations of each side in all")
+    parser.add_argument("--rounds", type=int, default=5, help="alternating worker processes per side")
+    parser.add_argument("--warmup", type=int, default=30, help="untimed iterations per worker")
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    parser.add_argument("--worker", choices=["ours", "seeds"], help=argparse.SUPPRESS)
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-    torch.manual_seed(0)
+    if args.worker:
+        print(json.dumps(worker(args.worker, args.iterations, args.warmup, args.threads)))
+        return
 
-    ours = Trainer(ParityConfig(**SHAPES, lr=3e-4, device="cpu"))
-    seeds = SeedsTrainer(**SHAPES, lambda_p=0.2, beta=0.01, lr=3e-4)
-    timed(ours.train_step, args.warmup)
-    timed(seeds.step, args.warmup)
+    per_round = max(1, args.iterations // args.rounds)
+    times: dict[str, list[float]] = {"seeds": [], "ours": []}
+    for r in range(args.rounds):
+        for which in times:
+            cmd = [sys.executable, __file__, "--worker", which, "--iterations", str(per_round)]
+            cmd += ["--warmup", str(args.warmup), "--threads", str(args.threads)]
+            out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+            batch = json.loads(out)
+            times[which] += batch
+            print(f"round {r + 1}/{args.rounds} {which:5s} median {statistics.median(batch) * 1e3:6.2f} ms")
 
-    # interleave rounds so that a busy moment of the machine hits both alike
-    rounds = 10
-    ours_t: list[float] = []
-    seeds_t: list[float] = []
-    for _ in range(rounds):
-        ours_t += timed(ours.train_step, args.iterations // rounds)
-        seeds_t += timed(seeds.step, args.iterations // rounds)
-
-    ours_ms = statistics.median(ours_t) * 1e3
-    seeds_ms = statistics.median(seeds_t) * 1e3
-    print(f"shapes: {SHAPES}, CPU, {torch.get_num_threads()} threads, {len(ours_t)} iterations each")
+    seeds_ms = statistics.median(times["seeds"]) * 1e3
+    ours_ms = statistics.median(times["ours"]) * 1e3
+    print(f"shapes: {SHAPES}, CPU, {args.threads} threads, {len(times['ours'])} iterations each")
     print(f"seeds' formulation  median {seeds_ms:7.2f} ms/iteration")
     print(f"ponder              median {ours_ms:7.2f} ms/iteration")
     print(f"speedup {seeds_ms / ours_ms:.2f}")

@@ -42,16 +42,19 @@ class _ConstantInputGRU(torch.autograd.Function):
     ) -> torch.Tensor:
         batch, hidden = h0.shape
         gi = torch.addmm(b_ih, x, w_ih.t())  # the same at every step                   # [B, 3H]
-        gi_rz, gi_c = gi[:, : 2 * hidden], gi[:, 2 * hidden :]
+        # r and z read gi + gh through one matmul a step: fold gi and b_hh into its bias
+        rz_bias = gi[:, : 2 * hidden] + b_hh[: 2 * hidden]  # [B, 2H]
+        gi_c = gi[:, 2 * hidden :]  # [B, H]
+        w_rz, w_c, b_c = w_hh[: 2 * hidden].t(), w_hh[2 * hidden :].t(), b_hh[2 * hidden :]
         out = h0.new_empty(n_steps, batch, hidden)  # h_1 .. h_N                          # [N, B, H]
         rz = h0.new_empty(n_steps, batch, 2 * hidden)  # gates r, z per step            # [N, B, 2H]
         cand = h0.new_empty(n_steps, batch, hidden)  # candidate c per step               # [N, B, H]
         gh_c = h0.new_empty(n_steps, batch, hidden)  # gh's candidate part per step       # [N, B, H]
         h = h0
         for n in range(n_steps):
-            gh = torch.addmm(b_hh, h, w_hh.t())  # [B, 3H]
-            torch.sigmoid(gi_rz + gh[:, : 2 * hidden], out=rz[n])  # r, z
-            gh_c[n] = gh[:, 2 * hidden :]
+            torch.addmm(rz_bias, h, w_rz, out=rz[n])  # gi_rz + gh_rz
+            torch.sigmoid_(rz[n])  # r, z
+            torch.addmm(b_c, h, w_c, out=gh_c[n])  # gh_c
             torch.tanh(torch.addcmul(gi_c, rz[n, :, :hidden], gh_c[n]), out=cand[n])  # c
             torch.lerp(cand[n], h, rz[n, :, hidden:], out=out[n])  # c + z (h - c)
             h = out[n]
@@ -68,20 +71,18 @@ class _ConstantInputGRU(torch.autograd.Function):
         # dL/d(pre-activation) = dL/dh_{n+1} * coefficient, computed for all steps at once.
         # Candidate: d h'/dc * tanh'(.) = (1 - z)(1 - c^2)                                # [N, B, H]
         c_c = (1 - z) * (1 - cand * cand)
-        coef_gh = out.new_empty(n_steps, batch, 3 * hidden)  # dL/dgh_n / dL/dh_{n+1}  # [N, B, 3H]
-        # reset gate, through c: c_c * gh_c * r (1 - r)
-        torch.mul(c_c * gh_c, r * (1 - r), out=coef_gh[..., :hidden])
-        # update gate: d h'/dz * sigma'(.) = (h_n - c) z (1 - z)
-        torch.mul(h_prev - cand, z * (1 - z), out=coef_gh[..., hidden : 2 * hidden])
-        # candidate's share of gh: c_c * r
-        torch.mul(c_c, r, out=coef_gh[..., 2 * hidden :])
+        c_r = c_c * gh_c * r * (1 - r)  # reset gate, through c                       # [N, B, H]
+        c_z = (h_prev - cand) * z * (1 - z)  # update gate: d h'/dz * sigma'(.)        # [N, B, H]
+        coef_gh = torch.cat([c_r, c_z, c_c * r], dim=2)  # dL/dgh_n / dL/dh_{n+1}    # [N, B, 3H]
 
         grad_h = grad_out.new_empty(n_steps, batch, hidden)  # dL/dh_{n+1}, all paths  # [N, B, H]
         grad_gh = grad_out.new_empty(n_steps, batch, 3 * hidden)  # dL/dgh_n          # [N, B, 3H]
         grad_h[-1] = grad_out[-1]
         grad_h0 = grad_out.new_empty(batch, hidden)
-        for n in range(n_steps - 1, -1, -1):  # backward through time: 3 ops a step
-            torch.mul(coef_gh[n], grad_h[n].repeat(1, 3), out=grad_gh[n])
+        grad_h3 = grad_out.new_empty(batch, 3 * hidden)  # dL/dh_{n+1} once per gate     # [B, 3H]
+        for n in range(n_steps - 1, -1, -1):  # backward through time: 4 ops a step
+            torch.cat([grad_h[n], grad_h[n], grad_h[n]], dim=1, out=grad_h3)
+            torch.mul(coef_gh[n], grad_h3, out=grad_gh[n])
             # dL/dh_n = (dL/dh_n from the output) + z * dL/dh_{n+1} + dL/dgh_n W_hh
             direct = grad_out[n - 1] if n > 0 else torch.zeros_like(grad_h0)
             base = torch.addcmul(direct, grad_h[n], z[n])

@@ -68,7 +68,7 @@ class Trainer:
         self.model = task.model
         self.sample_batch = task.sample_batch
         self.eval_sets = task.eval_sets
-        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=config.lr)
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=config.lr, fused=True)
         self.generator = torch.Generator(device=self.device).manual_seed(config.seed)
         self.log_prior = log_geometric_prior(config.lambda_p, config.max_steps, config.prior_tail).to(
             self.device
