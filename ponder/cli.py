@@ -75,7 +75,12 @@ def build_parser() -> argparse.ArgumentParser:
     run = parser.add_argument_group("run")
     run.add_argument("--json", action="store_true", help="print one JSON object per evaluation on stdout")
     run.add_argument("--checkpoint", metavar="PATH", help="save a checkpoint here at every evaluation")
-    run.add_argument("--resume", metavar="PATH", help="continue the run saved in this checkpoint")
+    run.add_argument(
+        "--resume",
+        metavar="PATH",
+        help="continue the run saved in this checkpoint; only --iterations (to train longer) "
+        "and --device may change",
+    )
     run.add_argument("--threads", type=int, metavar="N", help="torch CPU threads (default: torch's choice)")
     owners: dict[str, list[str]] = {}  # field name -> the tasks that have it
     for task, cls in CONFIGS.items():
@@ -131,6 +136,29 @@ def _config(args: argparse.Namespace) -> TaskConfig:
     return cls(**values)
 
 
+RESUME_OVERRIDES = ("iterations", "device")
+"""Config fields a resumed run may change: the others would make it another run."""
+
+
+def _resume(args: argparse.Namespace) -> Trainer:
+    fields = {f.name for c in CONFIGS.values() for f in dataclasses.fields(c)}
+    given = sorted(k for k in vars(args) if k in fields)
+    refused = [k for k in given if k not in RESUME_OVERRIDES]
+    if refused:
+        _fail(
+            f"{_flag(refused[0])} cannot change a resumed run; only "
+            f"{', '.join(_flag(k) for k in RESUME_OVERRIDES)} can (start a new run for other values)"
+        )
+    trainer = Trainer.from_checkpoint(args.resume, device=getattr(args, "device", None))
+    if "iterations" in given:
+        if args.iterations < trainer.iteration:
+            _fail(f"--iterations {args.iterations} is below the {trainer.iteration} iterations already done")
+        trainer.config.iterations = args.iterations
+        if trainer.outcome == "completed" and args.iterations > trainer.iteration:
+            trainer.outcome = "running"  # train on to the new budget
+    return trainer
+
+
 def _progress(m: Metrics, total: int) -> str:
     sets = [k.split("/")[0] for k in m if k.endswith("/halted_accuracy")]
     acc = "  ".join(f"{s} {m[f'{s}/halted_accuracy']:.3f}" for s in sets)
@@ -173,7 +201,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             _fail(f"--threads must be >= 1, got {args.threads}")
         torch.set_num_threads(args.threads)
     try:
-        trainer = Trainer.from_checkpoint(args.resume) if args.resume else Trainer(_config(args))
+        trainer = _resume(args) if args.resume else Trainer(_config(args))
     except (ConfigError, IdxError) as e:
         _fail(str(e))
     except FileNotFoundError as e:

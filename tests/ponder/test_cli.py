@@ -39,13 +39,25 @@ def test_progress_lines_and_summary() -> None:
     assert '"lambda_p": 0.5' in out and "1/lambda_p = 2.00" in out
 
 
-def test_checkpoint_then_resume_finishes_the_run(tmp_path: Path) -> None:
+def _json_lines(proc: subprocess.CompletedProcess[str]) -> list[dict[str, object]]:
+    assert proc.returncode == 0, proc.stderr
+    timing = ("time_s", "iterations_per_s")
+    return [
+        {k: v for k, v in json.loads(line).items() if k not in timing} for line in proc.stdout.splitlines()
+    ]
+
+
+def test_resume_trains_on_exactly_as_one_longer_run(tmp_path: Path) -> None:
     ckpt = tmp_path / "run.pt"
-    first = run(*TINY, "--iterations", "20", "--eval-interval", "10", "--checkpoint", str(ckpt), "--json")
-    assert first.returncode == 0 and ckpt.is_file()
-    # a run already completed has nothing left; a longer one is started by a new config
-    again = run("--resume", str(ckpt), "--json")
-    assert again.returncode == 0 and again.stdout == ""
+    common = [*TINY, "--eval-interval", "10", "--json"]
+    first = _json_lines(run(*common, "--iterations", "20", "--checkpoint", str(ckpt)))
+    assert ckpt.is_file() and first[-1]["outcome"] == "completed"
+    assert _json_lines(run("--resume", str(ckpt), "--json")) == []  # nothing left to do
+    more = _json_lines(run("--resume", str(ckpt), "--iterations", "40", "--json"))
+    straight = _json_lines(run(*common, "--iterations", "40"))
+    assert [m["iteration"] for m in more] == [30, 40]
+    # the same numbers as one 40-iteration run (whose first reports still say "running")
+    assert [{**m, "outcome": None} for m in first + more] == [{**m, "outcome": None} for m in straight]
 
 
 @pytest.mark.parametrize(
@@ -62,6 +74,7 @@ def test_checkpoint_then_resume_finishes_the_run(tmp_path: Path) -> None:
         (["--resume", "/nonexistent/ckpt.pt"], "no such file"),
         (["--bogus"], "unrecognized arguments"),
         (["--kl-direction", "up"], "invalid choice"),
+        (["--threads", "0"], "--threads must be >= 1"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_code_2(args: list[str], message: str) -> None:
@@ -83,6 +96,21 @@ def test_corrupt_mnist_file_is_one_line(tmp_path: Path) -> None:
     proc = run("--task", "mnist", "--data-dir", str(tmp_path))
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and "truncated" in proc.stderr
+
+
+def test_resume_refuses_a_changed_config_and_a_shorter_budget(tmp_path: Path) -> None:
+    ckpt = tmp_path / "run.pt"
+    assert (
+        run(*TINY, "--iterations", "10", "--eval-interval", "10", "--checkpoint", str(ckpt)).returncode == 0
+    )
+    before = ckpt.read_bytes()
+    for args, message in (
+        (["--lr", "0.1"], "--lr cannot change a resumed run"),
+        (["--iterations", "5"], "below the 10 iterations already done"),
+    ):
+        proc = run("--resume", str(ckpt), *args)
+        assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and message in proc.stderr
+    assert ckpt.read_bytes() == before  # nothing was overwritten
 
 
 def test_not_a_checkpoint_is_one_line(tmp_path: Path) -> None:
