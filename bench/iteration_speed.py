@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import resource
 import statistics
 import subprocess
 import sys
@@ -29,8 +30,8 @@ HERE = Path(__file__).resolve().parent
 SHAPES = {"n_elems": 15, "max_steps": 20, "batch_size": 128, "n_hidden": 64}
 
 
-def worker(which: str, iterations: int, warmup: int, threads: int) -> list[float]:
-    """Seconds per training iteration of one side, in this process."""
+def worker(which: str, iterations: int, warmup: int, threads: int) -> dict[str, list[float] | float]:
+    """Seconds per training iteration of one side, and page faults per iteration, in this process."""
     torch.set_num_threads(threads)
     torch.manual_seed(0)
     if which == "seeds":
@@ -45,11 +46,13 @@ def worker(which: str, iterations: int, warmup: int, threads: int) -> list[float
     for _ in range(warmup):
         step()
     times = []
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     for _ in range(iterations):
         start = time.perf_counter()
         step()
         times.append(time.perf_counter() - start)
-    return times
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
+    return {"times": times, "faults": faults / iterations}
 
 
 def main() -> None:
@@ -68,20 +71,25 @@ def main() -> None:
 
     per_round = max(1, args.iterations // args.rounds)
     times: dict[str, list[float]] = {"seeds": [], "ours": []}
+    faults: dict[str, list[float]] = {"seeds": [], "ours": []}
     for r in range(args.rounds):
         for which in times:
             cmd = [sys.executable, __file__, "--worker", which, "--iterations", str(per_round)]
             cmd += ["--warmup", str(args.warmup), "--threads", str(args.threads)]
             out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
-            batch = json.loads(out)
-            times[which] += batch
-            print(f"round {r + 1}/{args.rounds} {which:5s} median {statistics.median(batch) * 1e3:6.2f} ms")
+            result = json.loads(out)
+            times[which] += result["times"]
+            faults[which].append(result["faults"])
+            median = statistics.median(result["times"]) * 1e3
+            print(f"round {r + 1}/{args.rounds} {which:5s} median {median:6.2f} ms", end="")
+            print(f", {result['faults']:.0f} page faults/iteration")
 
     seeds_ms = statistics.median(times["seeds"]) * 1e3
     ours_ms = statistics.median(times["ours"]) * 1e3
     print(f"shapes: {SHAPES}, CPU, {args.threads} threads, {len(times['ours'])} iterations each")
-    print(f"seeds' formulation  median {seeds_ms:7.2f} ms/iteration")
-    print(f"ponder              median {ours_ms:7.2f} ms/iteration")
+    for name, which, ms in (("seeds' formulation", "seeds", seeds_ms), ("ponder", "ours", ours_ms)):
+        page_faults = statistics.mean(faults[which])
+        print(f"{name:<19} median {ms:7.2f} ms/iteration, {page_faults:6.0f} page faults/iteration")
     print(f"speedup {seeds_ms / ours_ms:.2f}")
 
 
