@@ -34,9 +34,9 @@ def log_halting_distribution(lambda_logits: torch.Tensor) -> torch.Tensor:
     p_n = lambda_n * prod_{j<n} (1 - lambda_j), with lambda_N = 1, so sum_n p_n = 1 exactly.
     """
     n_steps = lambda_logits.shape[0]
-    # log lambda_n = logsigmoid(l_n);  log(1 - lambda_n) = logsigmoid(-l_n)        # [N, B]
-    log_lambda = F.logsigmoid(lambda_logits)
-    log_not_lambda = F.logsigmoid(-lambda_logits)
+    # log lambda_n = logsigmoid(l_n);  log(1 - lambda_n) = logsigmoid(-l_n) = log lambda_n - l_n
+    log_lambda = F.logsigmoid(lambda_logits)  # [N, B]
+    log_not_lambda = log_lambda - lambda_logits  # [N, B]
     # lambda_N = 1: the last step halts whatever its logit says
     last = torch.arange(n_steps, device=lambda_logits.device) == n_steps - 1  # [N]
     log_lambda = log_lambda.masked_fill(last[:, None], 0.0)
