@@ -119,4 +119,4 @@ class SeedsTrainer:
         self.optimizer.zero_grad()
         loss.backward()
         self.optimizer.step()
-        return float(loss)
+        return float(loss.detach())
