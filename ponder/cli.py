@@ -12,6 +12,7 @@ import dataclasses
 import inspect
 import json
 import math
+import signal
 import sys
 import textwrap
 from collections.abc import Sequence
@@ -213,8 +214,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     out = sys.stdout
     if not args.json:
         print(f"{config.task}: {json.dumps(config.to_dict())}", file=out, flush=True)
+    # Ctrl-C (or SIGTERM) asks the run to stop at the next iteration boundary, where the state
+    # is whole: a checkpoint saved there resumes exactly
+    stop = {"requested": False}
+
+    def request_stop(signum: int, frame: object) -> None:
+        if stop["requested"]:  # a second Ctrl-C: stop now
+            raise KeyboardInterrupt
+        stop["requested"] = True
+
+    previous = {sig: signal.signal(sig, request_stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        for m in trainer.run():
+        for m in trainer.run(should_stop=lambda: stop["requested"]):
             history.append(m)
             if args.checkpoint:
                 trainer.save(args.checkpoint)
@@ -222,11 +233,19 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(json.dumps(_json_safe(m)), file=out, flush=True)
             else:
                 print(_progress(m, config.iterations), file=out, flush=True)
-    except KeyboardInterrupt:
-        print(f"\ninterrupted at iteration {trainer.iteration}", file=sys.stderr)
+    except KeyboardInterrupt:  # a second signal while evaluating or saving: no clean state to save
+        print(f"\n{PROG}: stopped at once; the last checkpoint is the last evaluation's", file=sys.stderr)
+        return 130
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if stop["requested"] and trainer.outcome == "running":
+        where = f"stopped at iteration {trainer.iteration} of {config.iterations}"
         if args.checkpoint:
             trainer.save(args.checkpoint)
-            print(f"resume with: {PROG} --resume {args.checkpoint}", file=sys.stderr)
+            print(f"{where}; resume with: {PROG} --resume {args.checkpoint}", file=sys.stderr)
+        else:
+            print(f"{where}; no --checkpoint was given, so nothing was saved", file=sys.stderr)
         return 130
     if history and not args.json:
         print(_summary(history, config), file=out)

@@ -10,7 +10,7 @@ import math
 import os
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -117,13 +117,19 @@ class Trainer:
         self.train_time_s += time.perf_counter() - start
         return StepResult(float(loss.detach()), float(rec.detach()), float(reg.detach()), grad_norm, finite)
 
-    def run(self) -> Iterator[Metrics]:
+    def run(self, should_stop: Callable[[], bool] | None = None) -> Iterator[Metrics]:
         """Train to ``config.iterations``, yielding metrics every ``eval_interval`` iterations
-        and once at the end; stops early, as ``diverged``, past ``max_nan_events``."""
+        and once at the end; stops early, as ``diverged``, past ``max_nan_events``.
+
+        ``should_stop`` is asked after every iteration: when it says yes the run returns at
+        that iteration boundary, still ``running``, so a checkpoint saved then resumes exactly.
+        """
         cfg = self.config
         if self.outcome != "running":
             return
         while self.iteration < cfg.iterations:
+            if should_stop is not None and should_stop():
+                return
             self.train_step()
             if self.nan_events > cfg.max_nan_events:
                 self.outcome = "diverged"

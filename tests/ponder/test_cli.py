@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -96,6 +97,32 @@ def test_corrupt_mnist_file_is_one_line(tmp_path: Path) -> None:
     proc = run("--task", "mnist", "--data-dir", str(tmp_path))
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and "truncated" in proc.stderr
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_interrupt_saves_at_an_iteration_boundary_and_resumes_exactly(tmp_path: Path, sig: int) -> None:
+    ckpt = tmp_path / "run.pt"
+    common = [*TINY, "--eval-interval", "10", "--json", "--iterations", "100000"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ponder.train", "--threads", "1", *common, "--checkpoint", str(ckpt)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    first = json.loads(proc.stdout.readline())  # it is training: interrupt it
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "resume with:" in err and "Traceback" not in err
+    done = [first] + [json.loads(line) for line in out.splitlines()]
+    stopped_at = int(err.split("stopped at iteration ")[1].split()[0])
+    assert stopped_at >= done[-1]["iteration"]
+    # resumed to the next evaluation, it reports what one uninterrupted run reports there
+    target = (stopped_at // 10 + 1) * 10
+    resumed = _json_lines(run("--resume", str(ckpt), "--iterations", str(target), "--json"))
+    straight = _json_lines(run(*TINY, "--eval-interval", "10", "--json", "--iterations", str(target)))
+    assert resumed[-1] == straight[-1]
 
 
 def test_resume_refuses_a_changed_config_and_a_shorter_budget(tmp_path: Path) -> None:
