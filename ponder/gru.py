@@ -5,10 +5,11 @@ PonderNet's parity step feeds the same x to a GRU cell at every step. Autograd o
 on a 2-core CPU that overhead, not arithmetic, is most of a training iteration. Here:
 
 - the input projection gi = x W_ih^T + b_ih is computed once, not N times;
-- backward is 3 ops per step (the gate derivatives are precomputed for all steps at once);
+- forward is 6 ops a step, backward 4 (the gate derivatives are precomputed for all steps
+  at once), on per-step views made before the loop;
 - the weight gradients are one large matmul each over all N steps.
 
-Equations (PyTorch's gate order r, z, n; sigma = sigmoid):
+Equations (PyTorch's gate order r, z, c -- its "n" gate, called c here; sigma = sigmoid):
     gh_n = h_n W_hh^T + b_hh                                    [B, 3H]
     r = sigma(gi_r + gh_r);  z = sigma(gi_z + gh_z)             [B, H]
     c = tanh(gi_c + r * gh_c)                                   [B, H]
@@ -51,13 +52,23 @@ class _ConstantInputGRU(torch.autograd.Function):
         cand = h0.new_empty(n_steps, batch, hidden)  # candidate c per step               # [N, B, H]
         gh_c = h0.new_empty(n_steps, batch, hidden)  # gh's candidate part per step       # [N, B, H]
         h = h0
-        for n in range(n_steps):
-            torch.addmm(rz_bias, h, w_rz, out=rz[n])  # gi_rz + gh_rz
-            torch.sigmoid_(rz[n])  # r, z
-            torch.addmm(b_c, h, w_c, out=gh_c[n])  # gh_c
-            torch.tanh(torch.addcmul(gi_c, rz[n, :, :hidden], gh_c[n]), out=cand[n])  # c
-            torch.lerp(cand[n], h, rz[n, :, hidden:], out=out[n])  # c + z (h - c)
-            h = out[n]
+        # per-step views made once: indexing in the loop costs as much as a small op
+        steps = zip(
+            out.unbind(0),
+            rz.unbind(0),
+            rz[..., :hidden].unbind(0),
+            rz[..., hidden:].unbind(0),
+            cand.unbind(0),
+            gh_c.unbind(0),
+            strict=True,
+        )
+        for out_n, rz_n, r_n, z_n, cand_n, gh_c_n in steps:
+            torch.addmm(rz_bias, h, w_rz, out=rz_n)  # gi_rz + gh_rz
+            torch.sigmoid_(rz_n)  # r, z
+            torch.addmm(b_c, h, w_c, out=gh_c_n)  # gh_c
+            torch.tanh(torch.addcmul(gi_c, r_n, gh_c_n), out=cand_n)  # c
+            torch.lerp(cand_n, h, z_n, out=out_n)  # c + z (h - c)
+            h = out_n
         ctx.save_for_backward(x, h0, w_ih, w_hh, out, rz, cand, gh_c)
         return out
 
@@ -70,9 +81,10 @@ class _ConstantInputGRU(torch.autograd.Function):
         h_prev = torch.cat([h0[None], out[:-1]])  # h_n for every step                   # [N, B, H]
         # dL/d(pre-activation) = dL/dh_{n+1} * coefficient, computed for all steps at once.
         # Candidate: d h'/dc * tanh'(.) = (1 - z)(1 - c^2)                                # [N, B, H]
-        c_c = (1 - z) * (1 - cand * cand)
+        one_minus_z = 1 - z
+        c_c = one_minus_z * (1 - cand * cand)
         c_r = c_c * gh_c * r * (1 - r)  # reset gate, through c                       # [N, B, H]
-        c_z = (h_prev - cand) * z * (1 - z)  # update gate: d h'/dz * sigma'(.)        # [N, B, H]
+        c_z = (h_prev - cand) * z * one_minus_z  # update gate: d h'/dz * sigma'(.)    # [N, B, H]
         coef_gh = torch.cat([c_r, c_z, c_c * r], dim=2)  # dL/dgh_n / dL/dh_{n+1}    # [N, B, 3H]
 
         grad_h = grad_out.new_empty(n_steps, batch, hidden)  # dL/dh_{n+1}, all paths  # [N, B, H]
@@ -80,13 +92,17 @@ class _ConstantInputGRU(torch.autograd.Function):
         grad_h[-1] = grad_out[-1]
         grad_h0 = grad_out.new_empty(batch, hidden)
         grad_h3 = grad_out.new_empty(batch, 3 * hidden)  # dL/dh_{n+1} once per gate     # [B, 3H]
+        # per step n: dL/dh_{n+1}, dL/dh_n (the next one to fill), dL/dgh_n, coefficients, z_n,
+        # and dL/dh_n from the output directly (zero for h_0)
+        grad_h_s, grad_gh_s, coef_s, z_s = grad_h.unbind(0), grad_gh.unbind(0), coef_gh.unbind(0), z.unbind(0)
+        prev_s = (grad_h0, *grad_h_s[:-1])
+        direct_s = (torch.zeros_like(grad_h0), *grad_out.unbind(0)[:-1])
         for n in range(n_steps - 1, -1, -1):  # backward through time: 4 ops a step
-            torch.cat([grad_h[n], grad_h[n], grad_h[n]], dim=1, out=grad_h3)
-            torch.mul(coef_gh[n], grad_h3, out=grad_gh[n])
+            g = grad_h_s[n]
+            torch.cat([g, g, g], dim=1, out=grad_h3)
+            torch.mul(coef_s[n], grad_h3, out=grad_gh_s[n])
             # dL/dh_n = (dL/dh_n from the output) + z * dL/dh_{n+1} + dL/dgh_n W_hh
-            direct = grad_out[n - 1] if n > 0 else torch.zeros_like(grad_h0)
-            base = torch.addcmul(direct, grad_h[n], z[n])
-            torch.addmm(base, grad_gh[n], w_hh, out=grad_h[n - 1] if n > 0 else grad_h0)
+            torch.addmm(torch.addcmul(direct_s[n], g, z_s[n]), grad_gh_s[n], w_hh, out=prev_s[n])
 
         flat_gh = grad_gh.view(n_steps * batch, 3 * hidden)
         grad_w_hh = flat_gh.t() @ h_prev.view(n_steps * batch, hidden)  # one matmul    # [3H, H]
