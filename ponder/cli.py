@@ -61,6 +61,15 @@ _CHOICES = {"KLDirection": ("forward", "reverse"), "PriorTail": ("renormalise", 
 _TYPES: dict[str, Any] = {"float": float, "int": int, "str": str, "int | None": int, "str | None": str}
 
 
+CONFIG_FIELDS = frozenset(f.name for cls in CONFIGS.values() for f in dataclasses.fields(cls))
+"""Every config field of every task: the flags that set a config rather than a run option."""
+
+
+def _given_fields(args: argparse.Namespace) -> dict[str, Any]:
+    """The config fields set on the command line (unset flags are absent: SUPPRESS)."""
+    return {k: v for k, v in vars(args).items() if k in CONFIG_FIELDS}
+
+
 def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
@@ -123,13 +132,8 @@ def _fail(message: str) -> NoReturn:
 
 def _config(args: argparse.Namespace) -> TaskConfig:
     cls = CONFIGS[args.task]
-    known = {f.name for f in dataclasses.fields(cls)}
-    values = {
-        k: v
-        for k, v in vars(args).items()
-        if k in {f.name for c in CONFIGS.values() for f in dataclasses.fields(c)}
-    }
-    foreign = sorted(set(values) - known)
+    values = _given_fields(args)
+    foreign = sorted(set(values) - {f.name for f in dataclasses.fields(cls)})
     if foreign:
         _fail(f"{_flag(foreign[0])} is not a flag of task {args.task}")
     if "eval_rotations" in values:
@@ -142,21 +146,19 @@ RESUME_OVERRIDES = ("iterations", "device")
 
 
 def _resume(args: argparse.Namespace) -> Trainer:
-    fields = {f.name for c in CONFIGS.values() for f in dataclasses.fields(c)}
-    given = sorted(k for k in vars(args) if k in fields)
-    refused = [k for k in given if k not in RESUME_OVERRIDES]
+    given = _given_fields(args)
+    refused = sorted(k for k in given if k not in RESUME_OVERRIDES)
     if refused:
         _fail(
             f"{_flag(refused[0])} cannot change a resumed run; only "
             f"{', '.join(_flag(k) for k in RESUME_OVERRIDES)} can (start a new run for other values)"
         )
-    trainer = Trainer.from_checkpoint(args.resume, device=getattr(args, "device", None))
+    trainer = Trainer.from_checkpoint(args.resume, device=given.get("device"))
     if "iterations" in given:
-        if args.iterations < trainer.iteration:
-            _fail(f"--iterations {args.iterations} is below the {trainer.iteration} iterations already done")
-        trainer.config.iterations = args.iterations
-        if trainer.outcome == "completed" and args.iterations > trainer.iteration:
-            trainer.outcome = "running"  # train on to the new budget
+        try:
+            trainer.set_iterations(given["iterations"])
+        except ValueError as e:
+            _fail(f"--iterations {e}")
     return trainer
 
 

@@ -104,10 +104,12 @@ class Trainer:
             max_norm = self.config.grad_clip if self.config.grad_clip > 0 else math.inf
             grad_norm = float(clip_grad_norm_(self.model.parameters(), max_norm))
             finite = math.isfinite(grad_norm)
+        result = StepResult(float(loss.detach()), float(rec.detach()), float(reg.detach()), grad_norm, finite)
         if finite:
             self.optimizer.step()
-            for key, value in (("loss", loss), ("loss_rec", rec), ("loss_reg", reg)):
-                self._sums[key] += float(value.detach())
+            self._sums["loss"] += result.loss
+            self._sums["loss_rec"] += result.loss_rec
+            self._sums["loss_reg"] += result.loss_reg
             self._sums["grad_norm"] += grad_norm
             self._finite_steps += 1
         else:  # skip the update: no garbage reaches the weights or Adam's moments
@@ -115,13 +117,13 @@ class Trainer:
             self.nan_events += 1
         self.iteration += 1
         self.train_time_s += time.perf_counter() - start
-        return StepResult(float(loss.detach()), float(rec.detach()), float(reg.detach()), grad_norm, finite)
+        return result
 
     def run(self, should_stop: Callable[[], bool] | None = None) -> Iterator[Metrics]:
         """Train to ``config.iterations``, yielding metrics every ``eval_interval`` iterations
         and once at the end; stops early, as ``diverged``, past ``max_nan_events``.
 
-        ``should_stop`` is asked after every iteration: when it says yes the run returns at
+        ``should_stop`` is asked before every iteration: when it says yes the run returns at
         that iteration boundary, still ``running``, so a checkpoint saved then resumes exactly.
         """
         cfg = self.config
@@ -141,6 +143,14 @@ class Trainer:
                 return
         self.outcome = "completed"  # zero iterations asked for, or resumed at the end
         yield self.metrics()
+
+    def set_iterations(self, iterations: int) -> None:
+        """Change the run's budget (to train a resumed run longer); a completed run trains on."""
+        if iterations < self.iteration:
+            raise ValueError(f"{iterations} is below the {self.iteration} iterations already done")
+        self.config.iterations = iterations
+        if self.outcome == "completed" and iterations > self.iteration:
+            self.outcome = "running"
 
     # -- evaluation ---------------------------------------------------------------------------
     @torch.no_grad()

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from ponder.trainer import TIMING_KEYS
+
 TINY = ["--n-elems", "4", "--max-steps", "4", "--n-hidden", "8", "--batch-size", "16", "--eval-samples", "64"]
 
 
@@ -42,10 +44,8 @@ def test_progress_lines_and_summary() -> None:
 
 def _json_lines(proc: subprocess.CompletedProcess[str]) -> list[dict[str, object]]:
     assert proc.returncode == 0, proc.stderr
-    timing = ("time_s", "iterations_per_s")
-    return [
-        {k: v for k, v in json.loads(line).items() if k not in timing} for line in proc.stdout.splitlines()
-    ]
+    lines = proc.stdout.splitlines()
+    return [{k: v for k, v in json.loads(line).items() if k not in TIMING_KEYS} for line in lines]
 
 
 def test_resume_trains_on_exactly_as_one_longer_run(tmp_path: Path) -> None:
