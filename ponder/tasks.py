@@ -13,7 +13,7 @@ from ponder.data.parity import EvalSet, parity_batch, parity_eval_sets
 from ponder.model import PonderNet
 from ponder.steps import MnistStep, ParityStep
 
-__all__ = ["Task", "accuracy", "build_task"]
+__all__ = ["Task", "accuracy", "build_task", "eval_set_names"]
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
@@ -33,6 +33,16 @@ def accuracy(y_hat: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     if not y.is_floating_point():  # class indices: the arg-max class
         return (y_hat.argmax(dim=-1) == y).float()
     return ((y_hat > 0).float() == y).float()  # binary: logit > 0 means 1
+
+
+def eval_set_names(config: TaskConfig) -> list[str]:
+    """Names of the evaluation sets `build_task` makes for this config, without building them."""
+    if isinstance(config, ParityConfig):
+        names = ["test", "easy", "hard"]
+        return [*names, "extrapolation"] if config.nonzero_range[1] < config.n_elems else names
+    if isinstance(config, MnistConfig):
+        return ["test", *(f"rot{angle:g}" for angle in config.eval_rotations)]
+    raise TypeError(f"no task for config {type(config).__name__}")
 
 
 def build_task(config: TaskConfig, device: torch.device, mnist: MnistData | None = None) -> Task:

@@ -10,7 +10,8 @@ import torch
 
 from ponder.config import MnistConfig, ParityConfig
 from ponder.data.mnist import MnistData
-from ponder.trainer import TIMING_KEYS, Trainer
+from ponder.tasks import eval_set_names
+from ponder.trainer import SET_LIST_METRICS, SET_METRICS, TIMING_KEYS, TRAIN_METRICS, Trainer
 
 TINY = {"n_elems": 5, "max_steps": 6, "n_hidden": 16, "batch_size": 32, "eval_samples": 200}
 
@@ -78,6 +79,25 @@ def test_run_yields_every_eval_interval_and_at_the_end() -> None:
     assert list(trainer.run()) == []  # a finished run has nothing more to do
 
 
+@pytest.mark.parametrize(
+    "config",
+    [
+        ParityConfig(**TINY),
+        ParityConfig(**TINY, n_nonzero_max=3),
+        MnistConfig(max_steps=3, n_hidden=8, n_embed=8, eval_samples=16, eval_rotations=(30.0,)),
+    ],
+    ids=["parity", "parity-extrapolation", "mnist"],
+)
+def test_declared_metric_names_are_the_reported_ones(config: ParityConfig | MnistConfig) -> None:
+    """The metric names study/ validates specs against are exactly what a run reports."""
+    sets = eval_set_names(config)
+    declared = {f"{s}/{m}" for s in sets for m in SET_METRICS + SET_LIST_METRICS}
+    declared |= {f"train/{m}" for m in TRAIN_METRICS}
+    declared |= {"iteration", "outcome", "nan_events", *TIMING_KEYS}
+    trainer = Trainer(config, mnist=_digits() if isinstance(config, MnistConfig) else None)
+    assert set(trainer.metrics()) == declared
+
+
 def test_evaluation_is_deterministic() -> None:
     trainer = Trainer(ParityConfig(**TINY))
     for _ in range(5):
@@ -110,14 +130,19 @@ def test_a_restored_checkpoint_continues_exactly(tmp_path: Path, stop_at: int) -
     assert seen + rest == straight
 
 
-def test_mnist_dropout_run_resumes_exactly(tmp_path: Path) -> None:
+def _digits() -> MnistData:
+    """Random 28x28 images: enough to exercise the MNIST code paths, nothing to learn."""
     gen = torch.Generator().manual_seed(0)
-    data = MnistData(
+    return MnistData(
         torch.randint(0, 256, (64, 28, 28), dtype=torch.uint8, generator=gen),
         torch.randint(0, 10, (64,), generator=gen),
         torch.randint(0, 256, (32, 28, 28), dtype=torch.uint8, generator=gen),
         torch.randint(0, 10, (32,), generator=gen),
     )
+
+
+def test_mnist_dropout_run_resumes_exactly(tmp_path: Path) -> None:
+    data = _digits()
     config = MnistConfig(
         max_steps=3,
         n_hidden=8,
