@@ -1,0 +1,210 @@
+"""``ponder-study``: run, resume, inspect and export hyperparameter studies of PonderNet.
+
+Exit codes: 0 done, 2 bad input (one line on stderr says what and how to fix it), 130 the
+study was interrupted (Ctrl-C) and can be resumed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from typing import NoReturn
+
+import pandas as pd
+
+from study.spec import SpecError, list_specs, load_spec
+from study.storage import StudyPaths, is_remote, read_bytes
+
+__all__ = ["build_parser", "main"]
+
+PROG = "ponder-study"
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+DEFAULT_STORAGE = "results"
+SUMMARY_COLUMNS = [
+    "trial_id",
+    "status",
+    "lambda_p",
+    "beta",
+    "max_steps",
+    "iteration",
+    "test/halted_accuracy",
+    "test/mean_halting_step",
+    "nan_events",
+]
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but an error is one line (what is wrong, where to look), exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def _fail(message: str) -> NoReturn:
+    print(f"{PROG}: error: {message}", file=sys.stderr)
+    raise SystemExit(EXIT_USAGE)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The CLI's parser, with one sub-command per verb."""
+    parser = _Parser(
+        prog=PROG,
+        description="Hyperparameter studies of PonderNet on Ray Tune: Optuna proposes lambda_p, beta and "
+        "max_steps, ASHA stops poor trials early, every trial and report lands in Parquet.",
+        epilog="Results: <storage>/trials/study=<name>/ (one row per trial) and "
+        "<storage>/history/study=<name>/ (one row per report); "
+        "read them with pandas.read_parquet('<storage>/trials').",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser, metavar="COMMAND")
+
+    def storage(p: argparse.ArgumentParser) -> None:
+        p.add_argument(
+            "--storage",
+            default=None,
+            help="where studies live: a local directory or a URI such as s3://bucket/path "
+            f"(default: {DEFAULT_STORAGE})",
+        )
+
+    def address(p: argparse.ArgumentParser) -> None:
+        p.add_argument(
+            "--address",
+            default=None,
+            help="Ray cluster to join ('auto' for the cluster this machine is part of); "
+            "default: $RAY_ADDRESS, else a local Ray instance",
+        )
+
+    run = sub.add_parser(
+        "run", help="start a new study from a spec", description="Start a new study from a spec."
+    )
+    run.add_argument("spec", help=f"a shipped spec ({', '.join(list_specs())}) or a path to a .toml file")
+    run.add_argument("--name", help="the study's name (default: the spec's name); must be new")
+    run.add_argument("--num-samples", type=int, help="number of trials (default: the spec's)")
+    storage(run)
+    address(run)
+    run.add_argument("--quiet", action="store_true", help="no progress table, just the summary")
+
+    resume = sub.add_parser(
+        "resume",
+        help="finish an interrupted study",
+        description="Finish an interrupted study: finished trials are not run again, unfinished ones "
+        "continue from their last checkpoint, Optuna's and ASHA's state are kept.",
+    )
+    resume.add_argument("name", help="the study's name")
+    storage(resume)
+    address(resume)
+    resume.add_argument("--quiet", action="store_true", help="no progress table, just the summary")
+
+    status = sub.add_parser(
+        "status", help="trials by status and the best trial", description="Trials by status."
+    )
+    status.add_argument("name", help="the study's name")
+    storage(status)
+
+    export = sub.add_parser(
+        "export",
+        help="rewrite a study's Parquet from its Tune experiment",
+        description="Rewrite a study's Parquet from its Tune experiment on disk (no trial runs).",
+    )
+    export.add_argument("name", help="the study's name")
+    storage(export)
+
+    lst = sub.add_parser(
+        "list", help="the shipped specs and the studies under --storage", description="List."
+    )
+    storage(lst)
+    return parser
+
+
+def _trials(paths: StudyPaths) -> pd.DataFrame | None:
+    if read_bytes(paths.trials_parquet) is None:
+        return None
+    df = pd.read_parquet(paths.trials_parquet)
+    return df
+
+
+def summary(paths: StudyPaths, metric: str = "test/halted_accuracy", top: int = 10) -> str:
+    """Trials by status and the top trials by ``metric``, from the study's Parquet."""
+    df = _trials(paths)
+    if df is None or df.empty:
+        return f"study {paths.name}: no trial has finished yet"
+    counts = df["status"].value_counts()
+    lines = [f"study {paths.name}: {len(df)} trials: " + ", ".join(f"{n} {s}" for s, n in counts.items())]
+    columns = [c for c in dict.fromkeys([*SUMMARY_COLUMNS, metric]) if c in df.columns]
+    best = df.sort_values(metric, ascending=False, na_position="last").head(top)[columns]
+    with pd.option_context(
+        "display.width", 200, "display.max_columns", 20, "display.float_format", "{:.4g}".format
+    ):
+        lines.append(f"top {len(best)} by {metric}:")
+        lines.append(best.to_string(index=False))
+    lines.append(f"Parquet: {paths.trials_parquet}  (history: {paths.history_parquet})")
+    return "\n".join(lines)
+
+
+def _list(storage: str) -> str:
+    lines = ["specs (ponder-study run SPEC):"]
+    for name in list_specs():
+        lines.append(f"  {name:24s} {load_spec(name).description}")
+    studies: list[str] = []
+    root = os.path.join(os.path.abspath(storage), "studies")
+    if not is_remote(storage) and os.path.isdir(root):
+        studies = sorted(d for d in os.listdir(root) if os.path.exists(os.path.join(root, d, "spec.toml")))
+    lines.append(f"studies under {storage}:" if studies else f"no studies under {storage} yet")
+    for name in studies:
+        df = _trials(StudyPaths(storage, name))
+        counts = "" if df is None else ", ".join(f"{n} {s}" for s, n in df["status"].value_counts().items())
+        lines.append(f"  {name:24s} {counts or 'no trial finished yet'}")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI; returns the exit code."""
+    args = build_parser().parse_args(argv)
+    storage_arg: str | None = args.storage
+    if storage_arg is not None and not storage_arg.strip():
+        _fail("--storage must not be empty")
+    try:
+        if args.command == "list":
+            print(_list(storage_arg or DEFAULT_STORAGE))
+            return 0
+        from study import runner  # imports Ray: only for the commands that need it
+
+        if args.command == "run":
+            if args.num_samples is not None and args.num_samples < 1:
+                _fail(f"--num-samples must be >= 1, got {args.num_samples}")
+            spec = load_spec(args.spec).with_overrides(
+                name=args.name, num_samples=args.num_samples, storage=storage_arg
+            )
+            outcome = runner.run_study(spec, address=args.address, verbose=0 if args.quiet else 1)
+        elif args.command == "resume":
+            outcome = runner.resume_study(
+                args.name,
+                storage_arg or DEFAULT_STORAGE,
+                address=args.address,
+                verbose=0 if args.quiet else 1,
+            )
+        elif args.command == "export":
+            paths = runner.export(args.name, storage_arg or DEFAULT_STORAGE)
+            print(f"wrote {paths.trials_parquet} and {paths.history_parquet}")
+            return 0
+        else:  # status
+            spec, paths = runner.load_study_spec(args.name, storage_arg or DEFAULT_STORAGE)
+            print(summary(paths, spec.scheduler.metric))
+            return 0
+    except SpecError as e:
+        _fail(str(e))
+    except runner.StudyError as e:
+        _fail(str(e))
+    spec, paths = runner.load_study_spec(outcome.paths.name, outcome.paths.root)
+    print(summary(paths, spec.scheduler.metric))
+    if not outcome.finished:
+        print(
+            f"{PROG}: the study was interrupted before all its trials finished; "
+            f"resume it with: {PROG} resume {paths.name}"
+            + (f" --storage {paths.root}" if paths.root != DEFAULT_STORAGE else ""),
+            file=sys.stderr,
+        )
+        return EXIT_INTERRUPTED
+    return 0

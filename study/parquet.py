@@ -1,0 +1,270 @@
+"""The Parquet contract (schema version 1): one table of trials, one of reports, per study.
+
+``trials/study=<name>/trials.parquet`` has one row per trial:
+
+- ``trial_id``, ``status`` (see `STATUSES`), ``task``, ``schema_version``;
+- every config field under its config name (``lambda_p``, ``beta``, ``max_steps``, ...; the
+  union over all tasks, null where a task has no such field; ``iterations`` is the budget);
+  ``device`` is the config's device as resolved on the node (``auto`` -> ``cpu``/``cuda:0 ...``);
+- ``iteration`` (training iterations run), ``reports``, ``nan_events``, ``wall_time_s``,
+  ``node_ip``, ``gpu_ids``, ``checkpoint_path``, ``error``, ``retries``;
+- each metric's final value under its metric name (``test/halted_accuracy``,
+  ``train/loss``, ...), and ``best/<metric>``: every metric at the report where the study's
+  objective was best (``best_iteration`` says which); per-step accuracy and the halting
+  distribution as list columns (final report).
+
+``history/study=<name>/history.parquet`` has one row per trial per report: ``trial_id``,
+``report`` (1, 2, ...), ``iteration``, ``outcome``, ``nan_events``, the timings, every metric.
+
+Metric columns for the canonical evaluation sets (`CANONICAL_SETS`) are in every file, so
+``pd.read_parquet("results/trials")`` gives all of them for every study (pyarrow takes the
+columns of the first file it reads). A study with other sets has their columns in its own
+files: read those with ``pd.read_parquet("results/trials/study=<name>")``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+
+from ponder.config import CONFIGS
+from ponder.trainer import SET_LIST_METRICS, SET_METRICS, TIMING_KEYS, TRAIN_METRICS
+from study.trainable import WORST
+
+__all__ = [
+    "CANONICAL_SETS",
+    "SCHEMA_VERSION",
+    "STATUSES",
+    "TrialRecord",
+    "history_table",
+    "parse_result_lines",
+    "trials_table",
+]
+
+SCHEMA_VERSION = 1
+STATUSES = ("completed", "early_stopped", "diverged", "errored", "running", "pending")
+CANONICAL_SETS = ("test", "easy", "hard", "extrapolation", "rot22.5", "rot45", "rot67.5", "rot90")
+
+
+@dataclass
+class TrialRecord:
+    """One trial as the export sees it, whatever the source (a live study or its files)."""
+
+    trial_id: str
+    tune_status: str
+    """Tune's status: PENDING, RUNNING, PAUSED, TERMINATED or ERROR."""
+    config: Mapping[str, Any]
+    history: list[dict[str, Any]] = field(default_factory=list)
+    """Tune's results in the order reported (duplicates of a re-reported iteration allowed)."""
+    stopped_early: bool = False
+    """ASHA stopped it before its budget."""
+    ended: bool = False
+    """The study's ledger has its end (Tune's state may not yet, after a kill)."""
+    error: str | None = None
+    checkpoint_path: str | None = None
+    retries: int = 0
+
+    def reports(self) -> list[dict[str, Any]]:
+        """The history with one report per training iteration: after a restart a trial repeats
+        the reports since its last checkpoint; the later one is kept (same weights, same values)."""
+        by_iteration: dict[int, dict[str, Any]] = {}
+        for r in self.history:
+            if "iteration" in r:
+                by_iteration.pop(int(r["iteration"]), None)
+                by_iteration[int(r["iteration"])] = r
+        return sorted(by_iteration.values(), key=lambda r: int(r["iteration"]))
+
+    def status(self) -> str:
+        """One of `STATUSES`."""
+        reports = self.reports()
+        last = reports[-1] if reports else {}
+        if last.get("outcome") == "diverged":
+            return "diverged"
+        if self.tune_status == "ERROR":
+            return "errored"
+        if self.tune_status == "PENDING" and not self.ended:
+            return "pending"
+        if self.tune_status in ("RUNNING", "PAUSED") and not self.ended:
+            return "running"
+        if self.stopped_early or last.get("outcome") != "completed":
+            return "early_stopped"
+        return "completed"
+
+
+def parse_result_lines(text: str) -> list[dict[str, Any]]:
+    """Tune's ``result.json`` (one JSON object a line); a line cut short by a kill is skipped."""
+    rows = []
+    for line in text.splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return rows
+
+
+# -- schema -----------------------------------------------------------------------------------
+def _arrow_type(annotation: str) -> pa.DataType:
+    if annotation.startswith("tuple"):
+        return pa.list_(pa.float64())
+    if annotation.startswith("float"):
+        return pa.float64()
+    if annotation.startswith("int"):
+        return pa.int64()
+    if annotation.startswith("bool"):
+        return pa.bool_()
+    return pa.string()
+
+
+def _config_fields() -> dict[str, pa.DataType]:
+    fields: dict[str, pa.DataType] = {}
+    for cls in CONFIGS.values():
+        for f in dataclasses.fields(cls):
+            fields.setdefault(f.name, _arrow_type(str(f.type)))
+    return fields
+
+
+CONFIG_FIELDS = _config_fields()
+
+
+def _sets(records: Iterable[TrialRecord]) -> list[str]:
+    """Canonical sets first, then any other set a report of this study has."""
+    sets = list(CANONICAL_SETS)
+    for rec in records:
+        for r in rec.history[:1]:
+            for key in r:
+                name, _, metric = key.partition("/")
+                if metric in SET_METRICS and name not in sets and name not in ("best", "train"):
+                    sets.append(name)
+    return sets
+
+
+def _metric_fields(sets: Sequence[str]) -> list[pa.Field]:
+    fields = [pa.field(f"train/{m}", pa.float64()) for m in TRAIN_METRICS]
+    for s in sets:
+        fields += [pa.field(f"{s}/{m}", pa.float64()) for m in SET_METRICS]
+        fields += [pa.field(f"{s}/{m}", pa.list_(pa.float64())) for m in SET_LIST_METRICS]
+    return fields
+
+
+def _value(value: Any, kind: pa.DataType, metric: bool) -> Any:
+    """A value as Parquet stores it: non-finite numbers, and a metric's stand-in for one
+    (`study.trainable.WORST`), become null."""
+    if value is None:
+        return None
+    if pa.types.is_list(kind):
+        return [_value(v, pa.float64(), metric) for v in value]
+    if pa.types.is_floating(kind):
+        x = float(value)
+        return x if math.isfinite(x) and not (metric and abs(x) >= WORST) else None
+    if pa.types.is_integer(kind):
+        return int(value)
+    if pa.types.is_boolean(kind):
+        return bool(value)
+    return str(value)
+
+
+def _objective_key(metric: str, mode: str) -> Any:
+    sign = 1.0 if mode == "max" else -1.0
+
+    def key(r: Mapping[str, Any]) -> float:
+        v = r.get(metric)
+        return sign * float(v) if isinstance(v, (int, float)) and math.isfinite(v) else -math.inf
+
+    return key
+
+
+def trials_table(records: Sequence[TrialRecord], metric: str, mode: str) -> pa.Table:
+    """One row per trial (see the module docstring for the columns)."""
+    sets = _sets(records)
+    metric_fields = _metric_fields(sets)
+    scalar_metric_fields = [f for f in metric_fields if not pa.types.is_list(f.type)]
+    schema = pa.schema(
+        [
+            pa.field("schema_version", pa.int32()),
+            pa.field("trial_id", pa.string()),
+            pa.field("status", pa.string()),
+            pa.field("task", pa.string()),
+            *(pa.field(name, kind) for name, kind in CONFIG_FIELDS.items()),
+            pa.field("iteration", pa.int64()),
+            pa.field("reports", pa.int64()),
+            pa.field("nan_events", pa.int64()),
+            pa.field("wall_time_s", pa.float64()),
+            pa.field("node_ip", pa.string()),
+            pa.field("gpu_ids", pa.string()),
+            pa.field("checkpoint_path", pa.string()),
+            pa.field("error", pa.string()),
+            pa.field("retries", pa.int64()),
+            *metric_fields,
+            pa.field("best_iteration", pa.int64()),
+            *(pa.field(f"best/{f.name}", f.type) for f in scalar_metric_fields),
+        ]
+    )
+    rows = []
+    for rec in records:
+        reports = rec.reports()
+        last = reports[-1] if reports else {}
+        best = max(reports, key=_objective_key(metric, mode)) if reports else {}
+        row: dict[str, Any] = {
+            "schema_version": SCHEMA_VERSION,
+            "trial_id": rec.trial_id,
+            "status": rec.status(),
+            "task": rec.config.get("task"),
+            **{name: rec.config.get(name) for name in CONFIG_FIELDS},
+            "iteration": last.get("iteration", 0),
+            "reports": len(reports),
+            "nan_events": last.get("nan_events", 0),
+            "wall_time_s": last.get("time_total_s"),
+            "node_ip": last.get("node_ip"),
+            "gpu_ids": last.get("gpu_ids"),
+            "checkpoint_path": rec.checkpoint_path,
+            "error": rec.error,
+            "retries": rec.retries,
+            "best_iteration": best.get("iteration"),
+        }
+        if last.get("device"):
+            row["device"] = last["device"]
+        for f in metric_fields:
+            row[f.name] = last.get(f.name)
+        for f in scalar_metric_fields:
+            row[f"best/{f.name}"] = best.get(f.name)
+        rows.append(row)
+    return _table(rows, schema)
+
+
+def history_table(records: Sequence[TrialRecord]) -> pa.Table:
+    """One row per trial per report (see the module docstring for the columns)."""
+    schema = pa.schema(
+        [
+            pa.field("schema_version", pa.int32()),
+            pa.field("trial_id", pa.string()),
+            pa.field("report", pa.int64()),
+            pa.field("iteration", pa.int64()),
+            pa.field("outcome", pa.string()),
+            pa.field("nan_events", pa.int64()),
+            *(pa.field(k, pa.float64()) for k in TIMING_KEYS),
+            pa.field("time_total_s", pa.float64()),
+            pa.field("timestamp", pa.int64()),
+            pa.field("node_ip", pa.string()),
+            pa.field("device", pa.string()),
+            *_metric_fields(_sets(records)),
+        ]
+    )
+    rows = []
+    for rec in records:
+        for n, r in enumerate(rec.reports(), start=1):
+            rows.append({**r, "schema_version": SCHEMA_VERSION, "trial_id": rec.trial_id, "report": n})
+    return _table(rows, schema)
+
+
+def _table(rows: list[dict[str, Any]], schema: pa.Schema) -> pa.Table:
+    columns = {}
+    for f in schema:
+        metric = "/" in f.name
+        columns[f.name] = [_value(row.get(f.name), f.type, metric) for row in rows]
+    return pa.Table.from_pydict(columns, schema=schema)

@@ -1,0 +1,288 @@
+"""Run, resume and export a study: the one place that drives Ray Tune.
+
+``run`` refuses a name that exists; ``resume`` restores Tune's experiment (trials, searcher
+state), the persisted ASHA rungs and the Optuna journal, and finishes the study with exactly
+``num_samples`` trials. The Parquet tables are rewritten as every trial ends and at the end.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pyarrow.fs as pafs
+import ray
+from optuna.storages.journal import JournalFileBackend
+from ray import tune
+from ray.tune import Callback, CLIReporter
+from ray.tune.experiment import Trial
+
+from study.parquet import TrialRecord, history_table, parse_result_lines, trials_table
+from study.scheduler import stopped_trials
+from study.search import make_scheduler, make_searcher, param_space
+from study.spec import StudySpec, parse_spec
+from study.storage import StudyPaths, read_bytes, read_json, write_bytes, write_json, write_parquet
+from study.trainable import train_trial
+
+__all__ = ["ParquetCallback", "StudyError", "StudyOutcome", "export", "resume_study", "run_study"]
+
+log = logging.getLogger("ponder-study")
+
+
+class StudyError(RuntimeError):
+    """A study that cannot be run, resumed or exported as asked; the message says what to do."""
+
+
+@dataclass
+class StudyOutcome:
+    """What a run or resume ended with."""
+
+    paths: StudyPaths
+    statuses: dict[str, int]
+    finished: bool
+    """Every one of ``num_samples`` trials reached a final status."""
+
+
+# -- Parquet export -------------------------------------------------------------------------------
+def _last_line(text: str | None) -> str | None:
+    lines = [ln.strip() for ln in (text or "").strip().splitlines() if ln.strip()]
+    return lines[-1] if lines else None
+
+
+def _history(trial: Trial) -> list[dict[str, Any]]:
+    """The trial's ``result.json``: the driver's copy while a remote-storage study runs (the
+    storage's copy lags behind it), else the storage's."""
+    if trial.storage is None:
+        return []
+    remote = not isinstance(trial.storage.storage_filesystem, pafs.LocalFileSystem)
+    if remote and ray.is_initialized() and trial.local_path:
+        local = Path(trial.local_path, "result.json")
+        if local.exists():
+            return parse_result_lines(local.read_text())
+    fs = trial.storage.storage_filesystem
+    path = f"{trial.path}/result.json"
+    try:
+        with fs.open_input_stream(path) as f:
+            return parse_result_lines(f.readall().decode())
+    except (FileNotFoundError, OSError):
+        return []
+
+
+def _record(trial: Trial, stopped: set[str], ended: dict[str, Any]) -> TrialRecord:
+    checkpoint = trial.checkpoint
+    checkpoint_path = checkpoint.path if checkpoint is not None else None
+    if trial.trial_id in ended and ended[trial.trial_id].get("checkpoint"):
+        checkpoint_path = ended[trial.trial_id]["checkpoint"]  # Tune's may be older after a kill
+    error = None
+    if trial.status == Trial.ERROR:
+        error = _last_line(str(trial.get_error() or "")) or "error (no message recorded)"
+    return TrialRecord(
+        trial_id=trial.trial_id,
+        tune_status=trial.status,
+        config=trial.config,
+        history=_history(trial),
+        stopped_early=trial.trial_id in stopped,
+        ended=trial.trial_id in ended,
+        error=error,
+        checkpoint_path=checkpoint_path,
+        retries=int(trial.run_metadata.num_failures),
+    )
+
+
+def write_tables(paths: StudyPaths, spec: StudySpec, trials: Sequence[Trial]) -> list[TrialRecord]:
+    """Rewrite the study's two Parquet files from Tune's trials (atomically)."""
+    stopped = stopped_trials(paths.asha)
+    ended = read_json(paths.ended) or {}
+    records = [_record(t, stopped, ended) for t in trials]
+    write_parquet(paths.trials_parquet, trials_table(records, spec.scheduler.metric, spec.scheduler.mode))
+    write_parquet(paths.history_parquet, history_table(records))
+    return records
+
+
+class ParquetCallback(Callback):
+    """Records each trial's end in the study's ledger, then refreshes the study's Parquet.
+
+    Tune saves its experiment state every few seconds; a driver killed in between would
+    restore a finished trial as running from an older checkpoint and train it again. The
+    ledger (``ended.json``), written the moment a trial ends, is what the trainable checks
+    first: a trial in it does not train again.
+    """
+
+    def __init__(self, paths: StudyPaths, spec: StudySpec) -> None:
+        self.paths = paths
+        self.spec = spec
+
+    def _write(self, trials: list[Trial]) -> None:
+        try:
+            write_tables(self.paths, self.spec, trials)
+        except Exception:  # an export problem must not end the study; `export` can redo it
+            log.exception("could not write the study's Parquet; `ponder-study export` will retry")
+
+    def on_trial_complete(self, iteration: int, trials: list[Trial], trial: Trial, **info: Any) -> None:
+        checkpoint = trial.checkpoint
+        ended = read_json(self.paths.ended) or {}
+        if trial.trial_id not in ended:  # a restored trial that returned at once keeps its first record
+            ended[trial.trial_id] = {"checkpoint": checkpoint.path if checkpoint is not None else None}
+            write_json(self.paths.ended, ended)
+        self._write(trials)
+
+    def on_trial_error(self, iteration: int, trials: list[Trial], trial: Trial, **info: Any) -> None:
+        self._write(trials)
+
+    def on_experiment_end(self, trials: list[Trial], **info: Any) -> None:
+        self._write(trials)
+
+
+# -- running ------------------------------------------------------------------------------------
+def _trainable(spec: StudySpec, paths: StudyPaths) -> Any:
+    fn = tune.with_parameters(
+        train_trial,
+        objective=spec.scheduler.metric,
+        mode=spec.scheduler.mode,
+        asha_state=paths.asha,
+        ledger=paths.ended,
+        threads=max(1, int(spec.resources.cpu)),
+    )
+    return tune.with_resources(fn, {"cpu": spec.resources.cpu, "gpu": spec.resources.gpu})
+
+
+def _reporter(spec: StudySpec) -> CLIReporter:
+    """Tune's progress table, one compact line per trial: the searched fields and the headline metrics."""
+    metric = spec.scheduler.metric
+    columns = {"iteration": "iter", metric: metric, "nan_events": "nan"}
+    if metric.endswith("/halted_accuracy"):
+        columns[metric.replace("/halted_accuracy", "/mean_halting_step")] = "steps"
+    return CLIReporter(
+        parameter_columns=[d.name for d in spec.space],
+        metric_columns=columns,
+        max_report_frequency=15,
+        sort_by_metric=True,
+        metric=metric,
+        mode=spec.scheduler.mode,
+    )
+
+
+def _run_config(spec: StudySpec, paths: StudyPaths, verbose: int) -> tune.RunConfig:
+    # the compact CLIReporter table instead of the default output's per-trial config and result dumps
+    os.environ["RAY_AIR_NEW_OUTPUT"] = "0"
+    return tune.RunConfig(
+        progress_reporter=_reporter(spec),
+        name=paths.name,
+        storage_path=paths.tune_root,
+        callbacks=[ParquetCallback(paths, spec)],
+        failure_config=tune.FailureConfig(max_failures=spec.run.max_failures),
+        # every checkpoint is kept: pruning can break a restore after SIGKILL (ray#27790)
+        checkpoint_config=tune.CheckpointConfig(num_to_keep=None),
+        verbose=verbose,
+    )
+
+
+def _init_ray(address: str | None) -> None:
+    if ray.is_initialized():
+        return
+    ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
+
+
+def _space(spec: StudySpec) -> dict[str, Any]:
+    space = param_space(spec)
+    if isinstance(space.get("data_dir"), str):  # trials run in their own directory
+        space["data_dir"] = os.path.abspath(space["data_dir"])
+    return space
+
+
+def run_study(spec: StudySpec, *, address: str | None = None, verbose: int = 1) -> StudyOutcome:
+    """Start a new study named ``spec.name`` under ``spec.run.storage`` and run it to the end."""
+    paths = StudyPaths(spec.run.storage, spec.name)
+    if paths.exists() or tune.Tuner.can_restore(paths.experiment):
+        raise StudyError(
+            f"a study named {spec.name!r} already exists under {spec.run.storage}: "
+            f"resume it with `ponder-study resume {spec.name}`, or pick another --name"
+        )
+    write_bytes(paths.spec, spec.source.encode())
+    return _fit(spec, paths, address, verbose, restore=False)
+
+
+def load_study_spec(name: str, storage: str) -> tuple[StudySpec, StudyPaths]:
+    """The spec a study was started with, read from its directory."""
+    paths = StudyPaths(storage, name)
+    source = read_bytes(paths.spec)
+    if source is None:
+        raise StudyError(
+            f"no study named {name!r} under {storage}: `ponder-study list` shows the studies there"
+        )
+    spec = parse_spec(source.decode(), name).with_overrides(name=name, storage=storage)
+    return spec, paths
+
+
+def resume_study(name: str, storage: str, *, address: str | None = None, verbose: int = 1) -> StudyOutcome:
+    """Finish an interrupted study: nothing finished runs again, nothing unfinished is lost."""
+    spec, paths = load_study_spec(name, storage)
+    restore = tune.Tuner.can_restore(paths.experiment)  # False if killed before Tune saved anything
+    return _fit(spec, paths, address, verbose, restore=restore)
+
+
+def _fit(
+    spec: StudySpec, paths: StudyPaths, address: str | None, verbose: int, restore: bool
+) -> StudyOutcome:
+    _init_ray(address)
+    trainable = _trainable(spec, paths)
+    if restore:
+        tuner = tune.Tuner.restore(paths.experiment, trainable, resume_unfinished=True, resume_errored=True)
+    else:
+        tuner = tune.Tuner(
+            trainable,
+            param_space=_space(spec),
+            tune_config=tune.TuneConfig(
+                search_alg=make_searcher(spec, paths),
+                scheduler=make_scheduler(spec, paths),
+                num_samples=spec.search.num_samples,
+            ),
+            run_config=_run_config(spec, paths, verbose),
+        )
+    grid = tuner.fit()
+    del grid  # the Parquet written by the callback is the result
+    records = _export_experiment(spec, paths)
+    statuses: dict[str, int] = {}
+    for rec in records:
+        statuses[rec.status()] = statuses.get(rec.status(), 0) + 1
+    finished = len(records) == spec.search.num_samples and not (
+        statuses.get("running") or statuses.get("pending")
+    )
+    if finished:
+        fail_orphaned_optuna_trials(spec, paths)
+    return StudyOutcome(paths, statuses, finished)
+
+
+def _export_experiment(spec: StudySpec, paths: StudyPaths) -> list[TrialRecord]:
+    from ray.tune import ExperimentAnalysis
+
+    analysis = ExperimentAnalysis(paths.experiment)
+    return write_tables(paths, spec, analysis.trials)
+
+
+def export(name: str, storage: str) -> StudyPaths:
+    """Rewrite a study's Parquet from its Tune experiment on disk (no trial runs)."""
+    spec, paths = load_study_spec(name, storage)
+    if not tune.Tuner.can_restore(paths.experiment):
+        raise StudyError(f"study {name!r} has no Tune experiment state yet under {paths.experiment}")
+    _export_experiment(spec, paths)
+    return paths
+
+
+def fail_orphaned_optuna_trials(spec: StudySpec, paths: StudyPaths) -> int:
+    """Mark FAILED the Optuna trials left RUNNING by a driver killed between asking Optuna for
+    a trial and saving Tune's state (Optuna's own heartbeat does the same to stale trials)."""
+    journal = Path(paths.optuna_journal)
+    if not journal.exists():
+        return 0
+    storage = optuna.storages.JournalStorage(JournalFileBackend(str(journal)))
+    study = optuna.load_study(study_name=paths.name, storage=storage)
+    orphans = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
+    for t in orphans:
+        study.tell(t.number, state=optuna.trial.TrialState.FAIL)
+    return len(orphans)

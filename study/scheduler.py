@@ -1,0 +1,115 @@
+"""ASHA whose rungs survive a restart.
+
+Ray rebuilds the scheduler with empty rungs when a study is restored (ray#30838), so after a
+resume new trials would be judged against nothing and a trial ASHA had stopped could run on.
+`PersistentASHA` writes its rungs, its bracket assignments and the trials it stopped to
+``asha.json`` whenever they change, and reads them back when the restored study adds its
+trials. The trainable reads the same file: a trial ASHA stopped does not train again.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ray.tune.experiment import Trial
+from ray.tune.schedulers import AsyncHyperBandScheduler, TrialScheduler
+
+from study.storage import read_json, write_json
+
+if TYPE_CHECKING:
+    from ray.tune.execution.tune_controller import TuneController
+
+__all__ = ["PersistentASHA", "stopped_trials"]
+
+STATE_VERSION = 1
+
+
+def stopped_trials(state_uri: str) -> set[str]:
+    """Ids of the trials ASHA stopped, as recorded in ``asha.json`` (empty if there is none)."""
+    state = read_json(state_uri)
+    return set(state["stopped"]) if state else set()
+
+
+class PersistentASHA(AsyncHyperBandScheduler):
+    """`AsyncHyperBandScheduler` that keeps its state in ``state_uri`` across restarts.
+
+    ``time_attr`` is the training iteration the trainer reports (``iteration``), so the grace
+    period and the budget are in gradient steps, not in reports.
+    """
+
+    def __init__(self, state_uri: str, **kwargs: Any) -> None:
+        kwargs.setdefault("stop_last_trials", False)  # a trial ends by itself at its budget
+        super().__init__(**kwargs)
+        self._state_uri = state_uri
+        self._stopped: set[str] = set()
+        self._assigned: dict[str, int] = {}  # trial id -> bracket index
+        self._loaded = False
+
+    # -- persistence ----------------------------------------------------------------------------
+    def _load(self) -> None:
+        """Read the saved rungs once, before the first trial is (re-)added."""
+        self._loaded = True
+        state = read_json(self._state_uri)
+        if not state:
+            return
+        for bracket, saved in zip(self._brackets, state["brackets"], strict=True):
+            milestones = [m for m, _ in bracket._rungs]
+            if milestones != [m for m, _ in saved]:
+                raise ValueError(
+                    f"{self._state_uri} holds rungs at {[m for m, _ in saved]}, this scheduler has "
+                    f"{milestones}: the study's ASHA settings changed since it started"
+                )
+            for (_, recorded), (_, values) in zip(bracket._rungs, saved, strict=True):
+                recorded.update(values)
+        self._stopped = set(state["stopped"])
+        self._assigned = dict(state["assigned"])
+
+    def _save(self) -> None:
+        write_json(
+            self._state_uri,
+            {
+                "version": STATE_VERSION,
+                "brackets": [[[m, dict(r)] for m, r in b._rungs] for b in self._brackets],
+                "stopped": sorted(self._stopped),
+                "assigned": self._assigned,
+            },
+        )
+
+    @property
+    def stopped(self) -> set[str]:
+        """Trials this scheduler stopped before their budget."""
+        return set(self._stopped)
+
+    # -- scheduler hooks ------------------------------------------------------------------------
+    def on_trial_add(self, tune_controller: TuneController, trial: Trial) -> None:
+        if not self._loaded:
+            self._load()
+        if trial.trial_id in self._assigned:  # a restored trial keeps its bracket
+            super().on_trial_add(tune_controller, trial)
+            self._trial_info[trial.trial_id] = self._brackets[self._assigned[trial.trial_id]]
+            return
+        super().on_trial_add(tune_controller, trial)
+        self._assigned[trial.trial_id] = self._brackets.index(self._trial_info[trial.trial_id])
+        self._save()
+
+    def on_trial_result(self, tune_controller: TuneController, trial: Trial, result: dict[str, Any]) -> str:
+        if trial.trial_id in self._stopped:
+            return str(TrialScheduler.STOP)
+        before = self._snapshot()
+        action = str(super().on_trial_result(tune_controller, trial, result))
+        if action == TrialScheduler.STOP and result.get(self._time_attr, 0) < self._max_t:
+            self._stopped.add(trial.trial_id)
+        if action == TrialScheduler.STOP or self._snapshot() != before:
+            self._save()
+        return action
+
+    def on_trial_complete(
+        self, tune_controller: TuneController, trial: Trial, result: dict[str, Any]
+    ) -> None:
+        before = self._snapshot()
+        super().on_trial_complete(tune_controller, trial, result)
+        if self._snapshot() != before:
+            self._save()
+
+    def _snapshot(self) -> int:
+        return sum(len(r) for b in self._brackets for _, r in b._rungs)

@@ -1,0 +1,92 @@
+"""From a spec to Tune's search: the param space, Optuna (seeded, on disk) and persistent ASHA."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.storages.journal import JournalFileBackend
+from ray import tune
+from ray.tune.search import ConcurrencyLimiter
+from ray.tune.search.optuna import OptunaSearch
+
+from study.scheduler import PersistentASHA
+from study.spec import Dimension, StudySpec
+from study.storage import StudyPaths
+
+__all__ = ["DivergenceAwareOptunaSearch", "make_scheduler", "make_searcher", "param_space"]
+
+
+def _domain(d: Dimension) -> Any:
+    if d.values is not None:
+        return tune.choice(list(d.values))
+    assert d.low is not None and d.high is not None
+    if d.integer:  # Tune's integer upper bound is exclusive, the spec's inclusive
+        lo, hi = int(d.low), int(d.high) + 1
+        return tune.lograndint(lo, hi) if d.log else tune.randint(lo, hi)
+    return tune.loguniform(d.low, d.high) if d.log else tune.uniform(d.low, d.high)
+
+
+def param_space(spec: StudySpec) -> dict[str, Any]:
+    """Tune's config for every trial: the task, the fixed fields, and a domain per searched field."""
+    return {"task": spec.task, **dict(spec.config), **{d.name: _domain(d) for d in spec.space}}
+
+
+def _sampler(spec: StudySpec) -> optuna.samplers.BaseSampler:
+    seed = spec.search.seed
+    kind = spec.search.sampler
+    if kind == "tpe":
+        return optuna.samplers.TPESampler(seed=seed)
+    if kind == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    if kind == "qmc":
+        return optuna.samplers.QMCSampler(seed=seed)
+    if kind == "gp":
+        return optuna.samplers.GPSampler(seed=seed)
+    raise ValueError(f"unknown sampler {kind!r}")
+
+
+class DivergenceAwareOptunaSearch(OptunaSearch):
+    """OptunaSearch that tells Optuna a diverged trial FAILED.
+
+    A diverged trial ends normally in Tune (it is not an error to retry) and reports a finite
+    objective; without this, Optuna would record that stand-in value as a real result.
+    """
+
+    def on_trial_complete(
+        self, trial_id: str, result: dict[str, Any] | None = None, error: bool = False
+    ) -> None:
+        if result is not None and result.get("outcome") == "diverged":
+            result, error = None, True
+        super().on_trial_complete(trial_id, result, error)
+
+
+def make_searcher(spec: StudySpec, paths: StudyPaths) -> ConcurrencyLimiter:
+    """Seeded Optuna search whose study lives in a journal file beside the results."""
+    journal = Path(paths.optuna_journal)
+    journal.parent.mkdir(parents=True, exist_ok=True)
+    storage = optuna.storages.JournalStorage(JournalFileBackend(str(journal)))
+    searcher = DivergenceAwareOptunaSearch(
+        metric=spec.scheduler.metric,
+        mode=spec.scheduler.mode,
+        sampler=_sampler(spec),
+        study_name=paths.name,
+        storage=storage,
+    )
+    return ConcurrencyLimiter(searcher, max_concurrent=spec.search.max_concurrent)
+
+
+def make_scheduler(spec: StudySpec, paths: StudyPaths) -> PersistentASHA:
+    """ASHA over training iterations, its rungs persisted in the study's ``asha.json``."""
+    s = spec.scheduler
+    return PersistentASHA(
+        paths.asha,
+        time_attr="iteration",
+        metric=s.metric,
+        mode=s.mode,
+        max_t=spec.iterations,
+        grace_period=s.grace_period,
+        reduction_factor=s.reduction_factor,
+        brackets=s.brackets,
+    )

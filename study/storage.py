@@ -1,0 +1,162 @@
+"""Where a study's files live, on a local disk or any pyarrow filesystem (``s3://``, ``gs://``).
+
+A study named N under the storage root R::
+
+    R/tune/N/                      Tune's experiment: trial dirs, checkpoints, experiment state
+    R/studies/N/spec.toml          the spec the study was started with (``resume`` reads it)
+    R/studies/N/optuna.journal     the Optuna study (``optuna-dashboard`` opens it)
+    R/studies/N/asha.json          ASHA's rungs and the trials it stopped (Ray does not keep them)
+    R/studies/N/ended.json         every trial that ended, with its final checkpoint: the record a
+                                   resume trusts even when Tune's own state lags behind it
+    R/trials/study=N/trials.parquet    one row per trial
+    R/history/study=N/history.parquet  one row per trial per report
+
+Every file here is replaced atomically: a reader sees the old version or the new one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+__all__ = ["StudyPaths", "is_remote", "read_bytes", "read_json", "write_bytes", "write_json", "write_parquet"]
+
+
+def is_remote(uri: str) -> bool:
+    """True for a URI with a scheme other than ``file://`` (``s3://bucket/x``)."""
+    return "://" in uri and not uri.startswith("file://")
+
+
+def _resolve(uri: str) -> tuple[pafs.FileSystem, str]:
+    if is_remote(uri):
+        fs, path = pafs.FileSystem.from_uri(uri)
+        return fs, path
+    return pafs.LocalFileSystem(), os.path.abspath(uri.removeprefix("file://"))
+
+
+def _join(root: str, *parts: str) -> str:
+    if is_remote(root):
+        return "/".join([root.rstrip("/"), *parts])
+    return os.path.join(os.path.abspath(root), *parts)
+
+
+@dataclass(frozen=True)
+class StudyPaths:
+    """The locations of one study's files (see the module docstring)."""
+
+    root: str
+    name: str
+
+    @property
+    def tune_root(self) -> str:
+        """Tune's ``storage_path``; the experiment is ``tune_root/name``."""
+        return _join(self.root, "tune")
+
+    @property
+    def experiment(self) -> str:
+        return _join(self.root, "tune", self.name)
+
+    @property
+    def study_dir(self) -> str:
+        return _join(self.root, "studies", self.name)
+
+    @property
+    def spec(self) -> str:
+        return _join(self.study_dir, "spec.toml")
+
+    @property
+    def asha(self) -> str:
+        return _join(self.study_dir, "asha.json")
+
+    @property
+    def ended(self) -> str:
+        return _join(self.study_dir, "ended.json")
+
+    @property
+    def optuna_journal(self) -> str:
+        """A local file: Optuna's journal needs a file lock, which object stores do not have."""
+        if is_remote(self.root):
+            return os.path.join(os.path.abspath("results"), "studies", self.name, "optuna.journal")
+        return _join(self.study_dir, "optuna.journal")
+
+    @property
+    def trials_dataset(self) -> str:
+        return _join(self.root, "trials")
+
+    @property
+    def trials_parquet(self) -> str:
+        return _join(self.root, "trials", f"study={self.name}", "trials.parquet")
+
+    @property
+    def history_parquet(self) -> str:
+        return _join(self.root, "history", f"study={self.name}", "history.parquet")
+
+    def exists(self) -> bool:
+        """Whether a study of this name was started here (its spec was saved)."""
+        return read_bytes(self.spec) is not None
+
+
+def read_bytes(uri: str) -> bytes | None:
+    """The file's bytes, or None when there is no such file."""
+    fs, path = _resolve(uri)
+    if fs.get_file_info(path).type != pafs.FileType.File:
+        return None
+    with fs.open_input_stream(path) as f:
+        data: bytes = f.readall()
+    return data
+
+
+def write_bytes(uri: str, data: bytes) -> None:
+    """Replace the file atomically: temporary file then rename locally, one PUT on object stores."""
+    fs, path = _resolve(uri)
+    if isinstance(fs, pafs.LocalFileSystem):
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=f".{os.path.basename(path)}.")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        return
+    with fs.open_output_stream(path) as f:
+        f.write(data)
+
+
+def read_json(uri: str) -> Any:
+    """The parsed JSON file, or None when there is no such file."""
+    data = read_bytes(uri)
+    return None if data is None else json.loads(data)
+
+
+def write_json(uri: str, obj: Any) -> None:
+    """Write ``obj`` as JSON, atomically."""
+    write_bytes(uri, json.dumps(obj, indent=1, sort_keys=True).encode())
+
+
+def write_parquet(uri: str, table: pa.Table) -> None:
+    """Write a Parquet file atomically (readers never see a half-written file)."""
+    fs, path = _resolve(uri)
+    if isinstance(fs, pafs.LocalFileSystem):
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.{uuid.uuid4().hex}.tmp")
+        try:
+            pq.write_table(table, tmp)
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        return
+    pq.write_table(table, path, filesystem=fs)

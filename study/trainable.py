@@ -1,0 +1,85 @@
+"""The Tune trainable: one `ponder.Trainer` run, reported to Tune at every evaluation.
+
+NaN safety lives here: Tune's scheduler and Optuna only ever see finite numbers. A metric
+that is not finite is left out of the report (it reads as null in Parquet); the objective,
+which ASHA and Optuna need at every report, is replaced by a finite value worse than any
+real one. A run that passes its NaN limit reports ``outcome = "diverged"`` and returns;
+`DivergenceAwareOptunaSearch` turns that into a FAILED Optuna trial.
+"""
+
+from __future__ import annotations
+
+import math
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import ray
+import torch
+from ray import tune
+
+from ponder.config import config_from_dict
+from ponder.trainer import Metrics, Trainer
+from study.scheduler import stopped_trials
+from study.storage import read_json
+
+__all__ = ["CHECKPOINT_FILE", "WORST", "train_trial", "tune_metrics"]
+
+CHECKPOINT_FILE = "trainer.pt"
+WORST = 1e30
+"""Magnitude of the stand-in for a non-finite objective: -WORST when maximising, +WORST when minimising."""
+
+
+def tune_metrics(metrics: Metrics, objective: str, mode: str) -> dict[str, Any]:
+    """What Tune receives: ``metrics`` without non-finite numbers, and always a finite objective."""
+    out: dict[str, Any] = {}
+    for key, value in metrics.items():
+        if isinstance(value, float) and not math.isfinite(value):
+            continue
+        if isinstance(value, list):
+            value = [v if math.isfinite(v) else None for v in value]
+        out[key] = value
+    if objective not in out:
+        out[objective] = -WORST if mode == "max" else WORST
+    return out
+
+
+def _device_label(trainer: Trainer) -> str:
+    if trainer.device.type != "cuda":
+        return trainer.device.type
+    return f"cuda:{trainer.device.index or 0} {torch.cuda.get_device_name(trainer.device)}"
+
+
+def train_trial(
+    config: dict[str, Any], *, objective: str, mode: str, asha_state: str, ledger: str, threads: int
+) -> None:
+    """Train one trial, resuming from Tune's checkpoint when there is one.
+
+    A restored trial that had already ended (in the study's ledger, stopped by ASHA, or
+    finished in its checkpoint) returns at once without training or reporting: nothing runs
+    twice, even when the driver was killed before Tune saved the trial's end.
+    """
+    torch.set_num_threads(threads)
+    trial_id = tune.get_context().get_trial_id()
+    if trial_id in (read_json(ledger) or {}) or trial_id in stopped_trials(asha_state):
+        return
+    checkpoint = tune.get_checkpoint()
+    if checkpoint is not None:
+        with checkpoint.as_directory() as d:
+            trainer = Trainer.from_checkpoint(Path(d) / CHECKPOINT_FILE)
+        if trainer.outcome != "running":
+            return
+    else:
+        trainer = Trainer(config_from_dict(dict(config)))
+    where = {
+        "node_ip": ray.util.get_node_ip_address(),  # type: ignore[no-untyped-call]
+        "device": _device_label(trainer),
+        "gpu_ids": ",".join(str(i) for i in ray.get_gpu_ids()),
+    }
+    for metrics in trainer.run():
+        with tempfile.TemporaryDirectory() as d:
+            trainer.save(Path(d) / CHECKPOINT_FILE)
+            tune.report(
+                {**tune_metrics(metrics, objective, mode), **where},
+                checkpoint=tune.Checkpoint.from_directory(d),
+            )

@@ -1,0 +1,102 @@
+"""Helpers for the study tests: the real CLI in a subprocess, its Parquet read back with pandas."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+CLI = [sys.executable, "-m", "study"]
+REPO = Path(__file__).resolve().parents[2]
+
+
+def cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """Run ``ponder-study ARGS`` to the end."""
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout, cwd=REPO)
+
+
+class Driver:
+    """``ponder-study ARGS`` running in its own process group, as in a terminal."""
+
+    def __init__(self, *args: str, log: Path) -> None:
+        self.log = log
+        self._out = log.open("w")
+        self.proc = subprocess.Popen(
+            [*CLI, *args], stdout=self._out, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True
+        )
+
+    def wait_until(self, predicate: Callable[[], bool], timeout: float = 240) -> None:
+        deadline = time.monotonic() + timeout
+        while not predicate():
+            if self.proc.poll() is not None:
+                raise AssertionError(
+                    f"driver exited ({self.proc.returncode}) first:\n{self.log.read_text()[-3000:]}"
+                )
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out waiting:\n{self.log.read_text()[-3000:]}")
+            time.sleep(0.2)
+
+    def interrupt(self, timeout: float = 120) -> int:
+        """Ctrl-C: SIGINT to the driver; returns its exit code."""
+        self.proc.send_signal(signal.SIGINT)
+        return self.finish(timeout)
+
+    def kill(self) -> None:
+        """A killed terminal: SIGKILL to the driver and everything it started."""
+        os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(30)
+        self._out.close()
+
+    def finish(self, timeout: float = 300) -> int:
+        try:
+            rc = self.proc.wait(timeout)
+        finally:
+            self._out.close()
+        return rc
+
+    def output(self) -> str:
+        return self.log.read_text()
+
+
+@pytest.fixture
+def driver(tmp_path: Path) -> Iterator[Callable[..., Driver]]:
+    started: list[Driver] = []
+
+    def start(*args: str) -> Driver:
+        d = Driver(*args, log=tmp_path / f"driver-{len(started)}.log")
+        started.append(d)
+        return d
+
+    yield start
+    for d in started:  # never leave a study running behind a failed test
+        if d.proc.poll() is None:
+            os.killpg(d.proc.pid, signal.SIGKILL)
+            d.proc.wait(30)
+
+
+def trials(storage: Path, name: str) -> pd.DataFrame:
+    return pd.read_parquet(storage / "trials" / f"study={name}")
+
+
+def history(storage: Path, name: str) -> pd.DataFrame:
+    return pd.read_parquet(storage / "history" / f"study={name}")
+
+
+def finished(storage: Path, name: str, at_least: int) -> Callable[[], bool]:
+    """True once the study's Parquet shows ``at_least`` trials that ended."""
+
+    def check() -> bool:
+        path = storage / "trials" / f"study={name}" / "trials.parquet"
+        if not path.exists():
+            return False
+        df = pd.read_parquet(path)
+        return int(df["status"].isin(["completed", "early_stopped", "diverged"]).sum()) >= at_least
+
+    return check

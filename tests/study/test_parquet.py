@@ -1,0 +1,145 @@
+"""The Parquet contract: statuses, one report per iteration, columns that read across studies."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+
+from study.parquet import (
+    CANONICAL_SETS,
+    SCHEMA_VERSION,
+    TrialRecord,
+    history_table,
+    parse_result_lines,
+    trials_table,
+)
+from study.storage import StudyPaths, write_parquet
+
+
+def _report(
+    iteration: int, acc: float, outcome: str = "running", sets: tuple[str, ...] = ("test",)
+) -> dict[str, Any]:
+    r: dict[str, Any] = {
+        "iteration": iteration,
+        "outcome": outcome,
+        "nan_events": 0,
+        "time_total_s": iteration / 10,
+    }
+    for s in sets:
+        r[f"{s}/halted_accuracy"] = acc
+        r[f"{s}/mean_halting_step"] = 2.0
+        r[f"{s}/per_step_accuracy"] = [acc, acc]
+    r["train/loss"] = 0.5
+    return r
+
+
+@pytest.mark.parametrize(
+    ("tune_status", "outcome", "stopped", "expected"),
+    [
+        ("TERMINATED", "completed", False, "completed"),
+        ("TERMINATED", "running", True, "early_stopped"),
+        ("TERMINATED", "diverged", False, "diverged"),
+        ("ERROR", "diverged", False, "diverged"),
+        ("ERROR", "running", False, "errored"),
+        ("RUNNING", "running", False, "running"),
+        ("PAUSED", "running", False, "running"),
+        ("PENDING", None, False, "pending"),
+    ],
+)
+def test_status(tune_status: str, outcome: str | None, stopped: bool, expected: str) -> None:
+    history = [] if outcome is None else [_report(10, 0.5, outcome)]
+    rec = TrialRecord("t", tune_status, {"task": "parity"}, history, stopped_early=stopped)
+    assert rec.status() == expected
+
+
+def test_a_repeated_iteration_is_one_report_the_later_one() -> None:
+    """After a restart a trial repeats the reports since its last checkpoint."""
+    first, again = _report(20, 0.6), _report(20, 0.6)
+    again["time_total_s"] = 99.0
+    rec = TrialRecord("t", "RUNNING", {}, [_report(10, 0.5), first, again, _report(30, 0.7)])
+    reports = rec.reports()
+    assert [r["iteration"] for r in reports] == [10, 20, 30]
+    assert reports[1]["time_total_s"] == 99.0
+
+
+def test_a_line_cut_short_by_a_kill_is_skipped() -> None:
+    assert parse_result_lines('{"iteration": 10}\n{"iteration": 20}\n{"itera') == [
+        {"iteration": 10},
+        {"iteration": 20},
+    ]
+
+
+def test_final_best_and_nulls() -> None:
+    history = [_report(10, 0.5), _report(20, 0.9), _report(30, 0.7, "completed")]
+    history[2]["train/loss"] = math.nan
+    rec = TrialRecord("t1", "TERMINATED", {"task": "parity", "lambda_p": 0.3, "max_steps": 7}, history)
+    df = trials_table([rec], "test/halted_accuracy", "max").to_pandas()
+    row = df.iloc[0]
+    assert row["schema_version"] == SCHEMA_VERSION
+    assert row["status"] == "completed"
+    assert (row["lambda_p"], row["max_steps"]) == (0.3, 7)
+    assert row["test/halted_accuracy"] == pytest.approx(0.7)  # final
+    assert row["best/test/halted_accuracy"] == pytest.approx(0.9)  # at the best report
+    assert row["best_iteration"] == 20
+    assert pd.isna(row["train/loss"])  # not finite: null, never NaN passed off as a number
+    assert pd.isna(row["n_embed"])  # an mnist field, null for parity
+    assert list(row["test/per_step_accuracy"]) == pytest.approx([0.7, 0.7])
+    assert (row["iteration"], row["reports"]) == (30, 3)
+    hist = history_table([rec]).to_pandas()
+    assert list(hist["report"]) == [1, 2, 3]
+    assert list(hist["iteration"]) == [10, 20, 30]
+
+
+def test_min_mode_picks_the_lowest_as_best() -> None:
+    history = [_report(10, 0.5), _report(20, 0.9), _report(30, 0.7, "completed")]
+    df = trials_table(
+        [TrialRecord("t", "TERMINATED", {}, history)], "test/halted_accuracy", "min"
+    ).to_pandas()
+    assert df.iloc[0]["best_iteration"] == 10
+
+
+def test_every_study_reads_back_with_all_its_columns(tmp_path: Path) -> None:
+    """pd.read_parquet on the dataset root takes the first file's columns: the canonical columns
+    (config fields of every task, metrics of every canonical set) make each study's columns survive."""
+    parity = TrialRecord(
+        "p1",
+        "TERMINATED",
+        {"task": "parity", "n_elems": 8},
+        [_report(10, 0.9, "completed", ("test", "hard"))],
+    )
+    mnist = TrialRecord(
+        "m1",
+        "TERMINATED",
+        {"task": "mnist", "n_embed": 32, "eval_rotations": [45.0]},
+        [_report(10, 0.8, "completed", ("test", "rot45"))],
+    )
+    for name, rec in (("a-parity", parity), ("b-mnist", mnist)):
+        paths = StudyPaths(str(tmp_path), name)
+        write_parquet(paths.trials_parquet, trials_table([rec], "test/halted_accuracy", "max"))
+    df = pd.read_parquet(tmp_path / "trials").set_index("study")
+    assert sorted(df.index.astype(str)) == ["a-parity", "b-mnist"]
+    assert df.loc["a-parity", "n_elems"] == 8
+    assert df.loc["b-mnist", "n_embed"] == 32
+    assert list(df.loc["b-mnist", "eval_rotations"]) == [45.0]
+    assert df.loc["b-mnist", "rot45/halted_accuracy"] == pytest.approx(0.8)
+    assert df.loc["a-parity", "hard/halted_accuracy"] == pytest.approx(0.9)
+    assert {f"{s}/halted_accuracy" for s in CANONICAL_SETS} <= set(df.columns)
+
+
+def test_a_trial_in_the_ledger_is_final_even_if_tune_restored_it_as_running() -> None:
+    rec = TrialRecord("t", "PENDING", {}, [_report(60, 0.9, "completed")], ended=True)
+    assert rec.status() == "completed"
+
+
+def test_the_objective_stand_in_is_null_but_a_huge_config_value_is_kept() -> None:
+    from study.trainable import WORST
+
+    history = [_report(10, -WORST, "diverged")]
+    rec = TrialRecord("t", "TERMINATED", {"task": "parity", "lr": 1e30}, history)
+    row = trials_table([rec], "test/halted_accuracy", "max").to_pandas().iloc[0]
+    assert row["lr"] == 1e30
+    assert pd.isna(row["test/halted_accuracy"])

@@ -1,0 +1,162 @@
+"""A real study end to end: Ray Tune, Optuna, ASHA, checkpoints, Parquet read back with pandas."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pandas as pd
+import pytest
+
+from study.spec import load_spec
+from study.storage import StudyPaths
+from tests.study.conftest import cli, history, trials
+
+pytestmark = pytest.mark.slow
+SMOKE = load_spec("parity-smoke")
+FINAL = {"completed", "early_stopped", "diverged"}
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    storage = tmp_path_factory.mktemp("smoke")
+    done = cli("run", "parity-smoke", "--storage", str(storage), "--quiet")
+    assert done.returncode == 0, done.stderr[-3000:]
+    return storage, done
+
+
+def _optuna(storage: Path, name: str) -> optuna.Study:
+    journal = optuna.storages.journal.JournalFileBackend(StudyPaths(str(storage), name).optuna_journal)
+    return optuna.load_study(study_name=name, storage=optuna.storages.JournalStorage(journal))
+
+
+def test_every_trial_is_in_parquet_with_its_config(smoke: tuple[Path, Any]) -> None:
+    storage, _ = smoke
+    df = trials(storage, "parity-smoke")
+    assert len(df) == SMOKE.search.num_samples
+    assert df["trial_id"].is_unique
+    assert set(df["status"]) <= {"completed", "early_stopped"}
+    for d in SMOKE.space:  # every searched field is a column under its config name, inside its range
+        assert df[d.name].between(d.low, d.high).all(), d.name
+    assert df["max_steps"].dtype == "int64"
+    for key, value in SMOKE.config.items():  # every fixed field too
+        assert (df[key] == value).all(), key
+    assert (df["task"] == "parity").all()
+    assert (df["device"] == "cpu").all() and df["node_ip"].notna().all()
+    assert df["checkpoint_path"].map(lambda p: Path(p, "trainer.pt").is_file()).all()
+    assert df["test/halted_accuracy"].between(0, 1).all()
+    assert (df["nan_events"] == 0).all()
+
+
+def test_asha_stopped_a_trial_early(smoke: tuple[Path, Any]) -> None:
+    storage, _ = smoke
+    df = trials(storage, "parity-smoke").set_index("trial_id")
+    stopped = df[df["status"] == "early_stopped"]
+    assert len(stopped) >= 1
+    assert (stopped["iteration"] < SMOKE.iterations).all()
+    assert (df.loc[df["status"] == "completed", "iteration"] == SMOKE.iterations).all()
+    asha = json.loads(Path(StudyPaths(str(storage), "parity-smoke").asha).read_text())
+    assert set(asha["stopped"]) == set(stopped.index)
+
+
+def test_history_has_one_row_per_report(smoke: tuple[Path, Any]) -> None:
+    storage, _ = smoke
+    df = trials(storage, "parity-smoke").set_index("trial_id")
+    h = history(storage, "parity-smoke")
+    per_trial = h.groupby("trial_id")["iteration"]
+    pd.testing.assert_series_equal(
+        per_trial.count().sort_index(), df["reports"].sort_index(), check_names=False
+    )
+    assert (per_trial.max().sort_index() == df["iteration"].sort_index()).all()
+    interval = SMOKE.config["eval_interval"]
+    assert (h["iteration"] % interval == 0).all()  # every report is an evaluation
+    assert (df["reports"] == df["iteration"] // interval).all()
+    last = h.sort_values("iteration").groupby("trial_id").last()
+    assert (last["test/halted_accuracy"].sort_index() == df["test/halted_accuracy"].sort_index()).all()
+
+
+def test_all_studies_read_in_one_line(smoke: tuple[Path, Any]) -> None:
+    storage, _ = smoke
+    df = pd.read_parquet(storage / "trials")
+    assert set(df["study"].astype(str)) == {"parity-smoke"}
+
+
+def test_optuna_study_on_disk_has_every_trial_complete(smoke: tuple[Path, Any]) -> None:
+    storage, _ = smoke
+    study = _optuna(storage, "parity-smoke")
+    states = [t.state for t in study.trials]
+    assert len(states) == SMOKE.search.num_samples
+    assert states == [optuna.trial.TrialState.COMPLETE] * len(states)
+
+
+def test_summary_names_the_best_trial(smoke: tuple[Path, Any]) -> None:
+    storage, done = smoke
+    df = trials(storage, "parity-smoke")
+    best = df.sort_values("test/halted_accuracy", ascending=False).iloc[0]
+    assert f"{len(df)} trials" in done.stdout
+    top = done.stdout.split("top ")[1].splitlines()
+    assert top[2].split()[0] == best["trial_id"]  # header, column names, then the best trial
+
+
+def test_status_and_export_read_the_same_study(smoke: tuple[Path, Any]) -> None:
+    storage, _ = smoke
+    before = trials(storage, "parity-smoke")
+    status = cli("status", "parity-smoke", "--storage", str(storage))
+    assert status.returncode == 0
+    for s, n in before["status"].value_counts().items():
+        assert f"{n} {s}" in status.stdout
+    export = cli("export", "parity-smoke", "--storage", str(storage))
+    assert export.returncode == 0, export.stderr
+    after = trials(storage, "parity-smoke")
+    pd.testing.assert_frame_equal(
+        before.sort_values("trial_id").reset_index(drop=True),
+        after.sort_values("trial_id").reset_index(drop=True),
+    )
+
+
+DIVERGING = """
+description = "one learning rate that diverges"
+task = "parity"
+[config]
+n_elems = 4
+n_hidden = 16
+batch_size = 32
+eval_samples = 200
+iterations = 40
+eval_interval = 10
+grad_clip = 0.0
+max_nan_events = 3
+[space.lr]
+values = [0.003, 1e30]
+[search]
+sampler = "random"
+seed = 1
+num_samples = 4
+max_concurrent = 2
+[scheduler]
+metric = "test/halted_accuracy"
+mode = "max"
+grace_period = 40
+reduction_factor = 2
+"""
+
+
+def test_a_diverged_trial_fails_in_optuna_and_the_study_goes_on(tmp_path: Path) -> None:
+    spec = tmp_path / "diverging.toml"
+    spec.write_text(DIVERGING)
+    done = cli("run", str(spec), "--storage", str(tmp_path), "--quiet")
+    assert done.returncode == 0, done.stderr[-3000:]
+    df = trials(tmp_path, "diverging").set_index("trial_id")
+    bad, good = df[df["lr"] > 1], df[df["lr"] < 1]
+    assert len(bad) >= 1 and len(good) >= 1, "seed 1 should draw both learning rates"
+    assert (bad["status"] == "diverged").all()
+    assert (bad["nan_events"] > 3).all()
+    assert (good["status"] == "completed").all() and (good["nan_events"] == 0).all()
+    study = _optuna(tmp_path, "diverging")
+    by_lr = {t.params["lr"]: t.state for t in study.trials}
+    states = [t.state for t in study.trials if t.params["lr"] > 1]
+    assert states and set(states) == {optuna.trial.TrialState.FAIL}, by_lr
+    assert {t.state for t in study.trials if t.params["lr"] < 1} == {optuna.trial.TrialState.COMPLETE}

@@ -1,0 +1,89 @@
+"""PersistentASHA: rungs and stop decisions survive a new scheduler (what a resume builds)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from ray.tune.schedulers import TrialScheduler
+
+from study.scheduler import PersistentASHA, stopped_trials
+
+
+def _asha(state: Path) -> PersistentASHA:
+    return PersistentASHA(
+        str(state),
+        time_attr="iteration",
+        metric="acc",
+        mode="max",
+        max_t=40,
+        grace_period=10,
+        reduction_factor=2,
+    )
+
+
+def _trial(trial_id: str) -> Any:
+    return SimpleNamespace(trial_id=trial_id)
+
+
+def _report(s: PersistentASHA, trial: Any, iteration: int, acc: float) -> str:
+    return s.on_trial_result(None, trial, {"iteration": iteration, "acc": acc})  # type: ignore[arg-type]
+
+
+def test_rungs_and_stops_survive_a_new_scheduler(tmp_path: Path) -> None:
+    state = tmp_path / "asha.json"
+    first = _asha(state)
+    a, b, c = _trial("a"), _trial("b"), _trial("c")
+    for t in (a, b, c):
+        first.on_trial_add(None, t)  # type: ignore[arg-type]
+    assert _report(first, a, 10, 0.5) == TrialScheduler.CONTINUE  # first at the rung: nothing to compare
+    assert _report(first, b, 10, 0.9) == TrialScheduler.CONTINUE
+    assert _report(first, c, 10, 0.1) == TrialScheduler.STOP  # below the rung's median (0.7)
+    assert stopped_trials(str(state)) == {"c"}
+
+    # the study is resumed: Ray builds the scheduler anew and re-adds the trials
+    second = _asha(state)
+    for t in (a, b, c):
+        second.on_trial_add(None, t)  # type: ignore[arg-type]
+    assert _report(second, c, 20, 0.99) == TrialScheduler.STOP  # a stopped trial stays stopped
+    d = _trial("d")
+    second.on_trial_add(None, d)  # type: ignore[arg-type]
+    # a new trial is judged against the rung the first scheduler filled (a fresh ASHA would let it on)
+    assert _report(second, d, 10, 0.3) == TrialScheduler.STOP
+
+
+def test_a_fresh_scheduler_has_nothing_to_judge_against(tmp_path: Path) -> None:
+    """The control for the test above: without the saved rungs the same report continues."""
+    s = _asha(tmp_path / "asha.json")
+    d = _trial("d")
+    s.on_trial_add(None, d)  # type: ignore[arg-type]
+    assert _report(s, d, 10, 0.3) == TrialScheduler.CONTINUE
+
+
+def test_changed_asha_settings_are_refused_on_resume(tmp_path: Path) -> None:
+    state = tmp_path / "asha.json"
+    s = _asha(state)
+    s.on_trial_add(None, _trial("a"))  # type: ignore[arg-type]
+    other = PersistentASHA(
+        str(state),
+        time_attr="iteration",
+        metric="acc",
+        mode="max",
+        max_t=40,
+        grace_period=5,
+        reduction_factor=2,
+    )
+    with pytest.raises(ValueError, match="ASHA settings changed"):
+        other.on_trial_add(None, _trial("a"))  # type: ignore[arg-type]
+
+
+def test_reaching_the_budget_is_not_an_early_stop(tmp_path: Path) -> None:
+    state = tmp_path / "asha.json"
+    s = _asha(state)
+    a = _trial("a")
+    s.on_trial_add(None, a)  # type: ignore[arg-type]
+    for it in (10, 20, 30, 40):
+        _report(s, a, it, 0.9)
+    assert stopped_trials(str(state)) == set()
