@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import optuna
-import pyarrow.fs as pafs
+import pyarrow as pa
+import pyarrow.parquet as pq
 import ray
 from optuna.storages.journal import JournalFileBackend
 from ray import tune
@@ -55,25 +56,38 @@ def _last_line(text: str | None) -> str | None:
 
 
 def _history(trial: Trial) -> list[dict[str, Any]]:
-    """The trial's ``result.json``: the driver's copy while a remote-storage study runs (the
-    storage's copy lags behind it), else the storage's."""
-    if trial.storage is None:
-        return []
-    remote = not isinstance(trial.storage.storage_filesystem, pafs.LocalFileSystem)
-    if remote and ray.is_initialized() and trial.local_path:
+    """The trial's ``result.json``. Tune writes it in the driver's staging directory and copies
+    it to the storage every few seconds: while the driver runs, the staging copy is current."""
+    if ray.is_initialized() and trial.local_path:
         local = Path(trial.local_path, "result.json")
         if local.exists():
             return parse_result_lines(local.read_text())
+    if trial.storage is None:
+        return []
     fs = trial.storage.storage_filesystem
-    path = f"{trial.path}/result.json"
     try:
-        with fs.open_input_stream(path) as f:
+        with fs.open_input_stream(f"{trial.path}/result.json") as f:
             return parse_result_lines(f.readall().decode())
     except (FileNotFoundError, OSError):
         return []
 
 
-def _record(trial: Trial, stopped: set[str], ended: dict[str, Any]) -> TrialRecord:
+def _exported_history(paths: StudyPaths) -> dict[str, list[dict[str, Any]]]:
+    """Reports already in the study's history Parquet, by trial. A driver killed between two of
+    Tune's copies to storage loses the last reports from ``result.json``; the Parquet written
+    when those trials ended still has them, so every export starts from it."""
+    data = read_bytes(paths.history_parquet)
+    if data is None:
+        return {}
+    rows: dict[str, list[dict[str, Any]]] = {}
+    for row in pq.read_table(pa.BufferReader(data)).to_pylist():
+        rows.setdefault(row["trial_id"], []).append({k: v for k, v in row.items() if v is not None})
+    return rows
+
+
+def _record(
+    trial: Trial, stopped: set[str], ended: dict[str, Any], exported: list[dict[str, Any]]
+) -> TrialRecord:
     checkpoint = trial.checkpoint
     checkpoint_path = checkpoint.path if checkpoint is not None else None
     if trial.trial_id in ended and ended[trial.trial_id].get("checkpoint"):
@@ -85,7 +99,7 @@ def _record(trial: Trial, stopped: set[str], ended: dict[str, Any]) -> TrialReco
         trial_id=trial.trial_id,
         tune_status=trial.status,
         config=trial.config,
-        history=_history(trial),
+        history=exported + _history(trial),  # for a repeated iteration the later report wins
         stopped_early=trial.trial_id in stopped,
         ended=trial.trial_id in ended,
         error=error,
@@ -98,7 +112,8 @@ def write_tables(paths: StudyPaths, spec: StudySpec, trials: Sequence[Trial]) ->
     """Rewrite the study's two Parquet files from Tune's trials (atomically)."""
     stopped = stopped_trials(paths.asha)
     ended = read_json(paths.ended) or {}
-    records = [_record(t, stopped, ended) for t in trials]
+    exported = _exported_history(paths)
+    records = [_record(t, stopped, ended, exported.get(t.trial_id, [])) for t in trials]
     write_parquet(paths.trials_parquet, trials_table(records, spec.scheduler.metric, spec.scheduler.mode))
     write_parquet(paths.history_parquet, history_table(records))
     return records
@@ -230,6 +245,10 @@ def _fit(
     spec: StudySpec, paths: StudyPaths, address: str | None, verbose: int, restore: bool
 ) -> StudyOutcome:
     _init_ray(address)
+    # A restored trial that had already ended returns without reporting (nothing runs twice);
+    # Tune's strict check would take its empty final result for a missing metric. Every report
+    # the trainable does make carries the objective (`tune_metrics`), so the check adds nothing.
+    os.environ["TUNE_DISABLE_STRICT_METRIC_CHECKING"] = "1"
     trainable = _trainable(spec, paths)
     if restore:
         tuner = tune.Tuner.restore(paths.experiment, trainable, resume_unfinished=True, resume_errored=True)

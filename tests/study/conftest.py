@@ -100,3 +100,12 @@ def finished(storage: Path, name: str, at_least: int) -> Callable[[], bool]:
         return int(df["status"].isin(["completed", "early_stopped", "diverged"]).sum()) >= at_least
 
     return check
+
+
+@pytest.fixture(scope="session")
+def smoke(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    """The ``parity-smoke`` study run once to the end by the real CLI: (storage, its output)."""
+    storage = tmp_path_factory.mktemp("smoke")
+    done = cli("run", "parity-smoke", "--storage", str(storage), "--quiet")
+    assert done.returncode == 0, done.stderr[-3000:]
+    return storage, done

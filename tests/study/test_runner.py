@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -18,14 +17,6 @@ from tests.study.conftest import cli, history, trials
 pytestmark = pytest.mark.slow
 SMOKE = load_spec("parity-smoke")
 FINAL = {"completed", "early_stopped", "diverged"}
-
-
-@pytest.fixture(scope="module")
-def smoke(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess[str]]:
-    storage = tmp_path_factory.mktemp("smoke")
-    done = cli("run", "parity-smoke", "--storage", str(storage), "--quiet")
-    assert done.returncode == 0, done.stderr[-3000:]
-    return storage, done
 
 
 def _optuna(storage: Path, name: str) -> optuna.Study:

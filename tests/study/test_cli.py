@@ -1,0 +1,269 @@
+"""The ``ponder-study`` CLI, run for real in a subprocess: bad input gives one clear line on stderr
+and exit code 2, before Ray starts, and changes no existing result; help and ``list`` say what
+there is."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from study.spec import list_specs, load_spec, parse_spec
+from tests.study.conftest import cli, trials
+
+pytestmark = pytest.mark.slow
+
+# A valid spec; each spec case below breaks it in one place (``test_base_spec_is_valid`` keeps it so).
+BASE = """\
+description = "a valid spec that each case breaks in one place"
+task = "parity"
+
+[config]
+n_elems = 5
+n_hidden = 16
+batch_size = 32
+eval_samples = 200
+iterations = 60
+eval_interval = 10
+
+[space.lambda_p]
+low = 0.05
+high = 0.9
+
+[space.beta]
+low = 1e-4
+high = 0.1
+
+[space.max_steps]
+low = 2
+high = 8
+
+[search]
+sampler = "tpe"
+seed = 0
+num_samples = 2
+max_concurrent = 1
+
+[scheduler]
+metric = "test/halted_accuracy"
+mode = "max"
+grace_period = 10
+reduction_factor = 2
+"""
+
+# Ray reads $RAY_ADDRESS when the CLI gets no --address: an unusable one makes ray.init() fail
+# at once, so a bad input that is not refused before Ray starts shows up as that failure.
+NO_RAY = "/no-ray-for-bad-input"
+
+
+def _broken(old: str, new: str) -> str:
+    assert old in BASE, old
+    return BASE.replace(old, new, 1)
+
+
+# (id, CLI arguments, spec TOML written to {spec} or None, substrings the one stderr line must hold);
+# {storage} is the smoke study's storage, {tmp} the test's temporary directory.
+RUN_SPEC = ("run", "{spec}", "--storage", "{storage}")
+CASES: list[tuple[str, tuple[str, ...], str | None, tuple[str, ...]]] = [
+    # -- CLI arguments
+    ("no-command", (), None, ("required", "COMMAND")),
+    ("unknown-command", ("frobnicate",), None, ("invalid choice", "'frobnicate'")),
+    ("run-without-spec", ("run", "--storage", "{storage}"), None, ("required", "spec")),
+    (
+        "num-samples-zero",
+        ("run", "parity-smoke", "--num-samples", "0", "--storage", "{storage}"),
+        None,
+        ("--num-samples", ">= 1", "0"),
+    ),
+    (
+        "num-samples-not-int",
+        ("run", "parity-smoke", "--num-samples", "abc", "--storage", "{storage}"),
+        None,
+        ("--num-samples", "'abc'"),
+    ),
+    (
+        "unknown-shipped-spec",
+        ("run", "parity-smok", "--storage", "{storage}"),
+        None,
+        ("'parity-smok'", "did you mean 'parity-smoke'", *list_specs()),
+    ),
+    (
+        "missing-spec-file",
+        ("run", "{tmp}/missing.toml", "--storage", "{storage}"),
+        None,
+        ("no spec file", "missing.toml"),
+    ),
+    (
+        "bad-name",
+        ("run", "parity-smoke", "--name", "bad name/with slash", "--storage", "{storage}"),
+        None,
+        ("name", "'bad name/with slash'"),
+    ),
+    ("empty-storage", ("run", "parity-smoke", "--storage", ""), None, ("--storage", "empty")),
+    (
+        "existing-study",
+        ("run", "parity-smoke", "--storage", "{storage}"),
+        None,
+        ("'parity-smoke'", "already exists", "resume"),
+    ),
+    ("resume-unknown", ("resume", "no-such-study", "--storage", "{storage}"), None, ("'no-such-study'",)),
+    ("status-unknown", ("status", "no-such-study", "--storage", "{storage}"), None, ("'no-such-study'",)),
+    ("export-unknown", ("export", "no-such-study", "--storage", "{storage}"), None, ("'no-such-study'",)),
+    # -- spec files
+    (
+        "spec-unknown-top-key",
+        RUN_SPEC,
+        _broken("[search]", "[serach]"),
+        ("serach", "unknown key", "did you mean 'search'"),
+    ),
+    (
+        "spec-lambda-p-above-1",
+        RUN_SPEC,
+        _broken("low = 0.05\nhigh = 0.9", "low = 0.05\nhigh = 1.5"),
+        ("space.lambda_p.high", "1.5"),
+    ),
+    (
+        "spec-beta-negative",
+        RUN_SPEC,
+        _broken("low = 1e-4\nhigh = 0.1", "low = -0.1\nhigh = 0.1"),
+        ("space.beta.low", "-0.1"),
+    ),
+    (
+        "spec-max-steps-zero",
+        RUN_SPEC,
+        _broken("low = 2\nhigh = 8", "low = 0\nhigh = 8"),
+        ("space.max_steps.low",),
+    ),
+    (
+        "spec-empty-range",
+        RUN_SPEC,
+        _broken("low = 0.05\nhigh = 0.9", "low = 0.5\nhigh = 0.5"),
+        ("space.lambda_p", "above low"),
+    ),
+    (
+        "spec-wrong-type",
+        RUN_SPEC,
+        _broken("num_samples = 2", 'num_samples = "eight"'),
+        ("search.num_samples", "'eight'"),
+    ),
+    (
+        "spec-unreported-metric",
+        RUN_SPEC,
+        _broken('metric = "test/halted_accuracy"', 'metric = "test/f1_score"'),
+        ("scheduler.metric", "test/f1_score"),
+    ),
+    (
+        "spec-invalid-toml",
+        RUN_SPEC,
+        _broken("n_hidden = 16", "n_hidden = = 16"),
+        ("not valid TOML", "bad-spec.toml"),
+    ),
+]
+
+
+def _snapshot(root: Path) -> dict[str, str]:
+    """Every path under ``root``: a file's sha256, ``dir`` for a directory."""
+    snap = {}
+    for path in sorted(root.rglob("*")):
+        rel = str(path.relative_to(root))
+        snap[rel] = "dir" if path.is_dir() else hashlib.sha256(path.read_bytes()).hexdigest()
+    return snap
+
+
+def _diff(before: dict[str, str], after: dict[str, str]) -> str:
+    added = sorted(set(after) - set(before))
+    removed = sorted(set(before) - set(after))
+    changed = sorted(p for p in set(before) & set(after) if before[p] != after[p])
+    return f"added {added[:5]}, removed {removed[:5]}, changed {changed[:5]}"
+
+
+def test_base_spec_is_valid() -> None:
+    """The spec the cases break is itself valid, so each case fails on its one change."""
+    assert parse_spec(BASE, "bad-spec").search.num_samples == 2
+
+
+@pytest.mark.parametrize(("args", "toml", "expected"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_bad_input_is_one_line_exit_2_and_changes_nothing(
+    args: tuple[str, ...],
+    toml: str | None,
+    expected: tuple[str, ...],
+    smoke: tuple[Path, Any],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    storage, _ = smoke
+    spec = tmp_path / "bad-spec.toml"
+    if toml is not None:
+        spec.write_text(toml)
+    argv = [a.format(storage=storage, tmp=tmp_path, spec=spec) for a in args]
+    monkeypatch.setenv("RAY_ADDRESS", NO_RAY)
+    before = _snapshot(storage)
+    assert any(p.endswith("trials.parquet") for p in before)  # the smoke study's results are there
+
+    start = time.monotonic()
+    done = cli(*argv, timeout=120)
+    took = time.monotonic() - start
+
+    assert NO_RAY not in done.stderr, f"Ray was started before the input was refused:\n{done.stderr[-2000:]}"
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert "Traceback" not in done.stdout, done.stdout[-3000:]
+    assert done.returncode == 2, (done.returncode, done.stderr[-2000:])
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, f"want one line on stderr, got {len(lines)}:\n{done.stderr[-2000:]}"
+    (line,) = lines
+    assert line.startswith("ponder-study") and "error:" in line, line
+    for text in expected:
+        assert text in line, (text, line)
+    assert _snapshot(storage) == before, _diff(before, _snapshot(storage))
+    print(f"{took:.1f}s: {line}")  # shown by pytest -rP
+    assert took < 60, f"refusing bad input took {took:.1f}s"
+
+
+def _help(*args: str, monkeypatch: pytest.MonkeyPatch) -> str:
+    monkeypatch.setenv("COLUMNS", "300")  # argparse wraps at the terminal's width, hyphens included
+    done = cli(*args, "--help", timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stderr == "", done.stderr[-2000:]
+    return " ".join(done.stdout.split())
+
+
+def test_help_says_what_each_command_does(monkeypatch: pytest.MonkeyPatch) -> None:
+    top = _help(monkeypatch=monkeypatch)
+    assert top.startswith("usage: ponder-study")
+    for command in ("run", "resume", "status", "export", "list"):
+        assert f" {command} " in top, command
+    assert "Ray Tune" in top and "Parquet" in top
+
+    run = _help("run", monkeypatch=monkeypatch)
+    assert run.startswith("usage: ponder-study run")
+    assert "Start a new study from a spec" in run
+    for name in list_specs():
+        assert name in run, name
+    for option in ("--num-samples", "--name", "--storage", "--address", "--quiet"):
+        assert option in run, option
+
+    resume = _help("resume", monkeypatch=monkeypatch)
+    assert resume.startswith("usage: ponder-study resume")
+    assert "interrupted study" in resume and "checkpoint" in resume
+    assert "--storage" in resume
+
+
+def test_list_shows_the_shipped_specs_and_the_studies(smoke: tuple[Path, Any]) -> None:
+    storage, _ = smoke
+    done = cli("list", "--storage", str(storage), timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    out = done.stdout
+    assert f"studies under {storage}:" in out, out
+    specs, studies = out.split(f"studies under {storage}:")
+    spec_names = [line.split()[0] for line in specs.splitlines()[1:] if line.strip()]
+    assert spec_names == list_specs(), out
+    rows = {line.split()[0]: line for line in studies.splitlines() if line.strip()}
+    assert list(rows) == ["parity-smoke"], out
+    counts = trials(storage, "parity-smoke")["status"].value_counts()
+    assert counts.sum() == load_spec("parity-smoke").search.num_samples
+    for status, n in counts.items():
+        assert f"{n} {status}" in rows["parity-smoke"], (status, n, out)

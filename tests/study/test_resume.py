@@ -1,0 +1,109 @@
+"""Interrupt a real study (Ctrl-C, or SIGKILL of the driver and everything it started) and
+resume it: exactly num_samples trials at the end, nothing finished runs again, an early-stopped
+trial stays stopped, Optuna keeps every trial."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import optuna
+import pandas as pd
+import pytest
+
+from study.spec import load_spec
+from study.storage import StudyPaths
+from tests.study.conftest import Driver, cli, finished, history, trials
+
+pytestmark = pytest.mark.slow
+NAME = "parity-smoke"
+SMOKE = load_spec(NAME)
+ENDED = ["completed", "early_stopped", "diverged"]
+
+
+def _result_lines(storage: Path) -> dict[str, int]:
+    """Lines of Tune's result.json per trial id: grows whenever a trial reports, even re-reports."""
+    counts = {}
+    for path in (storage / "tune" / NAME).glob("*/result.json"):
+        trial_id = path.parent.name.split("_")[2]
+        counts[trial_id] = len(path.read_text().splitlines())
+    return counts
+
+
+def _resume_and_check(storage: Path, tmp_path: Path) -> pd.DataFrame:
+    """Resume; check nothing that had ended ran again; return the final trials table."""
+    before_path = storage / "trials" / f"study={NAME}"
+    before = trials(storage, NAME) if before_path.exists() else pd.DataFrame(columns=["trial_id", "status"])
+    before_history = history(storage, NAME) if before_path.exists() else None
+    ended_before = before[before["status"].isin(ENDED)].set_index("trial_id")
+    lines_before = _result_lines(storage)
+
+    done = cli("resume", NAME, "--storage", str(storage), "--quiet")
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+
+    after = trials(storage, NAME).set_index("trial_id")
+    assert len(after) == SMOKE.search.num_samples  # exactly num_samples, no more
+    assert set(after["status"]) <= {"completed", "early_stopped"}, after["status"].to_dict()
+    # a trial that had ended did not run again: same status, same iteration, not one more report
+    lines_after = _result_lines(storage)
+    for trial_id, row in ended_before.iterrows():
+        assert after.loc[trial_id, "status"] == row["status"]
+        assert after.loc[trial_id, "iteration"] == row["iteration"]
+        # (Tune copies result.json to the storage every few seconds: after a kill it may be short)
+        assert lines_after.get(trial_id, 0) == lines_before.get(trial_id, 0), f"{trial_id} reported again"
+    if before_history is not None and len(ended_before):
+        keep = before_history["trial_id"].isin(ended_before.index)
+        old = before_history[keep].sort_values(["trial_id", "iteration"]).reset_index(drop=True)
+        new_history = history(storage, NAME)
+        new = new_history[new_history["trial_id"].isin(ended_before.index)]
+        pd.testing.assert_frame_equal(old, new.sort_values(["trial_id", "iteration"]).reset_index(drop=True))
+    # ASHA's stopped trials stayed stopped, and none ran to its budget
+    stopped = after[after["status"] == "early_stopped"]
+    assert (stopped["iteration"] < SMOKE.iterations).all()
+    # every trial has one history row per report
+    h = history(storage, NAME)
+    assert (h.groupby("trial_id").size().sort_index() == after["reports"].sort_index()).all()
+    # Optuna: one COMPLETE trial per Tune trial, none left RUNNING
+    journal = optuna.storages.journal.JournalFileBackend(StudyPaths(str(storage), NAME).optuna_journal)
+    study = optuna.load_study(study_name=NAME, storage=optuna.storages.JournalStorage(journal))
+    states = [t.state for t in study.trials]
+    assert states.count(optuna.trial.TrialState.COMPLETE) == SMOKE.search.num_samples
+    assert optuna.trial.TrialState.RUNNING not in states
+    return after
+
+
+def test_ctrl_c_then_resume(driver: Callable[..., Driver], tmp_path: Path) -> None:
+    d = driver("run", NAME, "--storage", str(tmp_path), "--quiet")
+    d.wait_until(finished(tmp_path, NAME, at_least=2))
+    assert d.interrupt() == 130
+    assert f"ponder-study resume {NAME}" in d.output()
+    before = trials(tmp_path, NAME)
+    assert len(before) < SMOKE.search.num_samples or not before["status"].isin(ENDED).all()
+    lines = _result_lines(tmp_path)
+    after = _resume_and_check(tmp_path, tmp_path)
+    # Ctrl-C lets Tune save every running trial's state: no report is repeated after resume
+    for trial_id, n in _result_lines(tmp_path).items():
+        assert n == after.loc[trial_id, "reports"], (
+            f"{trial_id} repeated reports ({lines.get(trial_id)} before)"
+        )
+
+
+@pytest.mark.parametrize("ended", [1, 4], ids=["after-first-trial", "late-in-study"])
+def test_sigkill_then_resume(driver: Callable[..., Driver], tmp_path: Path, ended: int) -> None:
+    d = driver("run", NAME, "--storage", str(tmp_path), "--quiet")
+    d.wait_until(finished(tmp_path, NAME, at_least=ended))
+    d.kill()
+    _resume_and_check(tmp_path, tmp_path)
+
+
+def test_resume_of_a_finished_study_runs_nothing(smoke: tuple[Path, object]) -> None:
+    storage, _ = smoke
+    before = trials(storage, NAME)
+    lines = _result_lines(storage)
+    done = cli("resume", NAME, "--storage", str(storage), "--quiet")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert _result_lines(storage) == lines
+    pd.testing.assert_frame_equal(
+        before.sort_values("trial_id").reset_index(drop=True),
+        trials(storage, NAME).sort_values("trial_id").reset_index(drop=True),
+    )
