@@ -41,10 +41,15 @@ pytest: $(STAMP) fashion-mnist  ## the test suite
 
 test: lint typecheck pytest  ## everything CI runs: lint, types, tests
 
-study: $(STAMP)  ## the default study (arrives with the study/ issue)
-	@echo "make study: the study/ layer (Ray Tune + Optuna + ASHA) is not built yet; it lands with the next issue." >&2
-	@echo "For now train one model: $(BIN)/python -m ponder.train --task parity --iterations 2000" >&2
-	@exit 2
+STUDY ?= parity
+
+study: $(STAMP)  ## the default study on a local Ray instance: Parquet under results/, then a summary
+	@# a second `make study` finishes an interrupted study, or shows the finished one's summary
+	@if [ -f results/studies/$(STUDY)/spec.toml ]; then \
+		$(BIN)/ponder-study resume $(STUDY); \
+	else \
+		$(BIN)/ponder-study run $(STUDY); \
+	fi
 
 bench: $(STAMP)  ## iteration speed against the seeds' formulation
 	$(BIN)/python bench/iteration_speed.py

@@ -13,6 +13,8 @@
    - end to end: iterations / the trial's wall time, Tune's ``time_total_s`` (the trials
      Parquet's ``wall_time_s``) against the direct run's wall time from building the Trainer to
      its last evaluation; this one includes Tune's checkpoint + report at every evaluation.
+     Both include building the Trainer in a fresh process, which here is mostly torch.optim's
+     first-use import of torch._dynamo (1-2.5 s, the "build" figure of a direct run).
 
    Ray is started (``ray.init``, timed and printed apart) just before each Tune run and shut
    down after it, so that no idle Ray processes share the machine with a direct run.
@@ -21,11 +23,15 @@
    `study.parquet.TrialRecord`s, with the metric names a real parity run reports (one real
    metrics dict, perturbed), Tune's own result keys, mixed statuses and a few restarted trials;
    timed through `trials_table` + `history_table` + `write_parquet` of both. A second, MNIST-like
-   study (rotated evaluation sets) is written beside it for part 3.
+   study (rotated evaluation sets) is written beside it for part 3. Apart from the target: the
+   `parse_result_lines` of every trial's ``result.json`` that `study.runner.write_tables` does
+   before it builds the tables.
 
 3. Cross-study query. ``pd.read_parquet("<root>/trials")`` and a typical query over both
    studies (best trial per study, mean halting step by lambda_p bucket per study); then, as an
    extra figure, the history dataset read and joined to the trials on (study, trial_id).
+
+The details print as they come; the last lines are a summary, one figure a line with its target.
 
     .venv/bin/python bench/tune_overhead.py [--iterations 2000] [--eval-interval 250] [--rounds 2]
         [--trials 200] [--reports 100] [--repeats 3] [--quick]
@@ -149,11 +155,13 @@ def direct_run(config: dict[str, Any]) -> dict[str, float]:
 
 def tune_run(spec_text: str, name: str) -> dict[str, float]:
     """One one-trial study through `run_study`; Ray started (timed) before it and shut down after."""
+    import optuna
     import ray
 
     from study.runner import run_study
     from study.spec import parse_spec
 
+    optuna.logging.set_verbosity(optuna.logging.WARNING)  # no "A new study created" line per run
     spec = parse_spec(spec_text, name)
     start = time.perf_counter()
     # the arguments of study.runner._init_ray, so that run_study finds Ray up and uses it as is

@@ -198,9 +198,18 @@ def _run_config(spec: StudySpec, paths: StudyPaths, verbose: int) -> tune.RunCon
 
 
 def _init_ray(address: str | None) -> None:
+    """Join the cluster at ``address`` (or $RAY_ADDRESS), else start a local Ray instance."""
     if ray.is_initialized():
         return
-    ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
+    try:
+        ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
+    except (ValueError, ConnectionError, RuntimeError, TimeoutError) as e:
+        where = address or os.environ.get("RAY_ADDRESS") or "a local instance"
+        message = " ".join(str(e).split())[:200]
+        raise StudyError(
+            f"could not start or join Ray at {where} ({message}); check --address / $RAY_ADDRESS, "
+            "or leave both unset to run on a local Ray instance"
+        ) from e
 
 
 def _space(spec: StudySpec) -> dict[str, Any]:
@@ -218,6 +227,7 @@ def run_study(spec: StudySpec, *, address: str | None = None, verbose: int = 1) 
             f"a study named {spec.name!r} already exists under {spec.run.storage}: "
             f"resume it with `ponder-study resume {spec.name}`, or pick another --name"
         )
+    _init_ray(address)  # before anything is written: a run that cannot start leaves no study behind
     write_bytes(paths.spec, spec.source.encode())
     return _fit(spec, paths, address, verbose, restore=False)
 

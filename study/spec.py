@@ -726,8 +726,8 @@ def _check_name(name: Any, key: str) -> None:
         _fail(
             key,
             f"study name {name!r} must start with a letter or digit and hold only letters, digits, "
-            "'.', '_' and '-' (it names a directory and a Parquet partition); rename the spec file "
-            "or give another name",
+            "'.', '_' and '-' (it names a directory and a Parquet partition); give another --name "
+            "or rename the spec file",
         )
 
 

@@ -267,3 +267,14 @@ def test_list_shows_the_shipped_specs_and_the_studies(smoke: tuple[Path, Any]) -
     assert counts.sum() == load_spec("parity-smoke").search.num_samples
     for status, n in counts.items():
         assert f"{n} {status}" in rows["parity-smoke"], (status, n, out)
+
+
+def test_an_unusable_ray_address_is_one_line_and_leaves_no_study(smoke: tuple[Path, Any]) -> None:
+    storage, _ = smoke
+    before = _snapshot(storage)
+    args = ("run", "parity-smoke", "--name", "fresh", "--address", "/bogus", "--storage", str(storage))
+    done = cli(*args, timeout=120)
+    assert done.returncode == 2, done.stderr[-2000:]
+    (line,) = done.stderr.strip().splitlines()
+    assert "/bogus" in line and "--address" in line, line
+    assert _snapshot(storage) == before, _diff(before, _snapshot(storage))  # the name is still free
