@@ -92,7 +92,7 @@ __all__ = [
 SPECS_DIR = Path(__file__).parent / "specs"
 """Where the shipped specs live, one ``<name>.toml`` each."""
 
-SAMPLERS = ("tpe", "random", "cmaes", "qmc")
+SAMPLERS = ("tpe", "random", "qmc", "gp", "cmaes")
 """Optuna samplers a spec may name."""
 
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
@@ -515,7 +515,7 @@ def _parse_search(table: dict[str, Any]) -> SearchSpec:
         close = difflib.get_close_matches(str(sampler), SAMPLERS, n=1)
         hint = f"; did you mean {close[0]!r}?" if close else ""
         _fail("search.sampler", f"must be one of {', '.join(SAMPLERS)}, got {sampler!r}{hint}")
-    needs = {"cmaes": "cmaes", "qmc": "scipy"}.get(sampler)
+    needs = {"cmaes": "cmaes", "qmc": "scipy", "gp": "scipy"}.get(sampler)
     if needs and importlib.util.find_spec(needs) is None:
         _fail(
             "search.sampler",
