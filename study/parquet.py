@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from ponder.config import CONFIGS
 from ponder.trainer import SET_LIST_METRICS, SET_METRICS, TIMING_KEYS, TRAIN_METRICS
@@ -263,8 +264,31 @@ def history_table(records: Sequence[TrialRecord]) -> pa.Table:
 
 
 def _table(rows: list[dict[str, Any]], schema: pa.Schema) -> pa.Table:
-    columns = {}
-    for f in schema:
-        metric = "/" in f.name
-        columns[f.name] = [_value(row.get(f.name), f.type, metric) for row in rows]
-    return pa.Table.from_pydict(columns, schema=schema)
+    """Rows to a table of ``schema``, non-finite numbers (and metric stand-ins) as nulls.
+
+    Arrow converts whole columns at once; a row whose value Arrow will not take as the
+    column's type (a float where an int goes) sends the table down the per-value path."""
+    try:
+        table = pa.Table.from_pylist(rows, schema=schema)
+    except (pa.ArrowInvalid, pa.ArrowTypeError):
+        columns = {f.name: [_value(row.get(f.name), f.type, "/" in f.name) for row in rows] for f in schema}
+        return pa.Table.from_pydict(columns, schema=schema)
+    for i, f in enumerate(schema):
+        if pa.types.is_floating(f.type) or (
+            pa.types.is_list(f.type) and pa.types.is_floating(f.type.value_type)
+        ):
+            table = table.set_column(
+                i, f, _nulls_for_non_finite(table.column(i).combine_chunks(), "/" in f.name)
+            )
+    return table
+
+
+def _nulls_for_non_finite(column: pa.Array, metric: bool) -> pa.Array:
+    """NaN and +-inf (and, in a metric column, the +-WORST stand-in) become null."""
+    if isinstance(column, pa.ListArray):
+        values = _nulls_for_non_finite(column.values, metric)
+        return pa.ListArray.from_arrays(column.offsets, values, mask=column.is_null())
+    bad = pc.invert(pc.is_finite(column))
+    if metric:
+        bad = pc.or_(bad, pc.greater_equal(pc.abs(column), WORST))
+    return pc.if_else(pc.fill_null(bad, False), pa.nulls(len(column), column.type), column)

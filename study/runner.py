@@ -10,12 +10,13 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import optuna
 import pyarrow as pa
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import ray
 from optuna.storages.journal import JournalFileBackend
@@ -108,15 +109,49 @@ def _record(
     )
 
 
-def write_tables(paths: StudyPaths, spec: StudySpec, trials: Sequence[Trial]) -> list[TrialRecord]:
+@dataclass
+class ExportCache:
+    """What a running study's exports need not redo: the Parquet history as it was when the
+    driver started, and the records of trials that have ended (their files no longer change)."""
+
+    exported: dict[str, list[dict[str, Any]]] | None = None
+    records: dict[str, TrialRecord] = field(default_factory=dict)
+
+
+def write_tables(
+    paths: StudyPaths, spec: StudySpec, trials: Sequence[Trial], cache: ExportCache | None = None
+) -> list[TrialRecord]:
     """Rewrite the study's two Parquet files from Tune's trials (atomically)."""
+    cache = cache or ExportCache()
     stopped = stopped_trials(paths.asha)
     ended = read_json(paths.ended) or {}
-    exported = _exported_history(paths)
-    records = [_record(t, stopped, ended, exported.get(t.trial_id, [])) for t in trials]
+    if cache.exported is None:
+        cache.exported = _exported_history(paths)
+    records = []
+    for t in trials:
+        rec = cache.records.get(t.trial_id)
+        if rec is None or rec.tune_status != t.status:
+            rec = _record(t, stopped, ended, cache.exported.get(t.trial_id, []))
+            if t.status == Trial.TERMINATED:
+                cache.records[t.trial_id] = rec
+        records.append(rec)
     write_parquet(paths.trials_parquet, trials_table(records, spec.scheduler.metric, spec.scheduler.mode))
     write_parquet(paths.history_parquet, history_table(records))
     return records
+
+
+def _empty_superseded_checkpoints(trial: Trial, keep: str) -> None:
+    """Free the disk an ended trial's earlier checkpoints hold (one per report: ~200 KB each for
+    parity, GBs over a large study), keeping its last. The directories stay, empty: a restore
+    from a lagging experiment state checks that its checkpoint exists, then the trainable finds
+    the trial in the ledger and returns without reading it."""
+    if trial.storage is None or not isinstance(trial.storage.storage_filesystem, pafs.LocalFileSystem):
+        return
+    for d in Path(trial.path or "").glob("checkpoint_*"):
+        if d.is_dir() and os.path.abspath(d) != os.path.abspath(keep):
+            for f in d.iterdir():
+                if f.is_file():
+                    f.unlink()
 
 
 class ParquetCallback(Callback):
@@ -131,10 +166,16 @@ class ParquetCallback(Callback):
     def __init__(self, paths: StudyPaths, spec: StudySpec) -> None:
         self.paths = paths
         self.spec = spec
+        self._cache: ExportCache | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_cache": None}  # Tune pickles callbacks; the cache is rebuilt
 
     def _write(self, trials: list[Trial]) -> None:
+        if self._cache is None:
+            self._cache = ExportCache()
         try:
-            write_tables(self.paths, self.spec, trials)
+            write_tables(self.paths, self.spec, trials, self._cache)
         except Exception:  # an export problem must not end the study; `export` can redo it
             log.exception("could not write the study's Parquet; `ponder-study export` will retry")
 
@@ -144,12 +185,11 @@ class ParquetCallback(Callback):
         if trial.trial_id not in ended:  # a restored trial that returned at once keeps its first record
             ended[trial.trial_id] = {"checkpoint": checkpoint.path if checkpoint is not None else None}
             write_json(self.paths.ended, ended)
+            if checkpoint is not None:
+                _empty_superseded_checkpoints(trial, keep=checkpoint.path)
         self._write(trials)
 
     def on_trial_error(self, iteration: int, trials: list[Trial], trial: Trial, **info: Any) -> None:
-        self._write(trials)
-
-    def on_experiment_end(self, trials: list[Trial], **info: Any) -> None:
         self._write(trials)
 
 
@@ -273,9 +313,10 @@ def _fit(
             ),
             run_config=_run_config(spec, paths, verbose),
         )
-    grid = tuner.fit()
-    del grid  # the Parquet written by the callback is the result
-    records = _export_experiment(spec, paths)
+    try:
+        tuner.fit()  # the Parquet written by the callback is the result
+    finally:  # and once more from Tune's saved state, however fit ended
+        records = _export_experiment(spec, paths)
     statuses: dict[str, int] = {}
     for rec in records:
         statuses[rec.status()] = statuses.get(rec.status(), 0) + 1

@@ -143,3 +143,21 @@ def test_the_objective_stand_in_is_null_but_a_huge_config_value_is_kept() -> Non
     row = trials_table([rec], "test/halted_accuracy", "max").to_pandas().iloc[0]
     assert row["lr"] == 1e30
     assert pd.isna(row["test/halted_accuracy"])
+
+
+@pytest.mark.parametrize("odd_int", [False, True], ids=["arrow-columns", "per-value-fallback"])
+def test_both_conversion_paths_give_the_same_nulls(odd_int: bool) -> None:
+    from study.trainable import WORST
+
+    r = _report(10, 0.5, "completed")
+    r["test/per_step_accuracy"] = [0.5, math.nan, math.inf]
+    r["test/loss"] = -math.inf
+    r["test/halted_accuracy"] = -WORST
+    if odd_int:
+        r["nan_events"] = 2.0  # a float where an int goes: Arrow refuses the row as it is
+    rec = TrialRecord("t", "TERMINATED", {"task": "parity", "lr": math.inf}, [r])
+    row = trials_table([rec], "test/halted_accuracy", "max").to_pandas().iloc[0]
+    assert list(row["test/per_step_accuracy"][:1]) == [0.5]
+    assert pd.isna(row["test/per_step_accuracy"][1]) and pd.isna(row["test/per_step_accuracy"][2])
+    assert pd.isna(row["test/loss"]) and pd.isna(row["test/halted_accuracy"]) and pd.isna(row["lr"])
+    assert row["nan_events"] == (2 if odd_int else 0)

@@ -151,3 +151,12 @@ def test_a_diverged_trial_fails_in_optuna_and_the_study_goes_on(tmp_path: Path) 
     states = [t.state for t in study.trials if t.params["lr"] > 1]
     assert states and set(states) == {optuna.trial.TrialState.FAIL}, by_lr
     assert {t.state for t in study.trials if t.params["lr"] < 1} == {optuna.trial.TrialState.COMPLETE}
+
+
+def test_an_ended_trial_keeps_only_its_last_checkpoint(smoke: tuple[Path, Any]) -> None:
+    storage, _ = smoke
+    df = trials(storage, "parity-smoke")
+    for trial_id, kept, reports in df[["trial_id", "checkpoint_path", "reports"]].itertuples(index=False):
+        dirs = sorted((storage / "tune" / "parity-smoke").glob(f"*_{trial_id}_*/checkpoint_*"))
+        assert len(dirs) == reports  # one checkpoint a report: the directories all stay
+        assert [d for d in dirs if any(d.iterdir())] == [Path(kept)]  # only the last holds weights
