@@ -1,8 +1,17 @@
 """The Ray Tune layer of ponder-study: the only package that imports Ray.
 
-Studies (Optuna + ASHA over lambda_p, beta, max_steps), the Tune trainable around
-`ponder.Trainer`, Parquet analysis and resume are built here next; this package
-holds nothing yet.
+The path of a study, one module a step:
+
+- `study.spec`: a TOML spec, validated before Ray starts (`load_spec`, `SpecError`);
+- `study.search`: the spec as Tune's param space, Optuna (journal on disk) and ASHA;
+- `study.scheduler`: `PersistentASHA`, whose rungs survive a resume;
+- `study.trainable`: `train_trial`, one `ponder.Trainer` run reported to Tune, NaN-safe;
+- `study.runner`: `run_study`, `resume_study`, `export` and the Parquet callback;
+- `study.parquet`: the Parquet contract (schema version 1);
+- `study.storage`: where a study's files live, local or on a pyarrow filesystem;
+- `study.cli`: ``ponder-study``.
+
+Nothing is imported here, so ``ponder-study --help`` does not wait for Ray.
 """
 
 __all__: list[str] = []
