@@ -253,6 +253,7 @@ def history_table(records: Sequence[TrialRecord]) -> pa.Table:
             pa.field("timestamp", pa.int64()),
             pa.field("node_ip", pa.string()),
             pa.field("device", pa.string()),
+            pa.field("gpu_ids", pa.string()),
             *_metric_fields(_sets(records)),
         ]
     )
