@@ -12,14 +12,14 @@ from ray.tune.schedulers import TrialScheduler
 from study.scheduler import PersistentASHA, stopped_trials
 
 
-def _asha(state: Path) -> PersistentASHA:
+def _asha(state: Path, grace_period: int = 10) -> PersistentASHA:
     return PersistentASHA(
         str(state),
         time_attr="iteration",
         metric="acc",
         mode="max",
         max_t=40,
-        grace_period=10,
+        grace_period=grace_period,
         reduction_factor=2,
     )
 
@@ -66,15 +66,7 @@ def test_changed_asha_settings_are_refused_on_resume(tmp_path: Path) -> None:
     state = tmp_path / "asha.json"
     s = _asha(state)
     s.on_trial_add(None, _trial("a"))  # type: ignore[arg-type]
-    other = PersistentASHA(
-        str(state),
-        time_attr="iteration",
-        metric="acc",
-        mode="max",
-        max_t=40,
-        grace_period=5,
-        reduction_factor=2,
-    )
+    other = _asha(state, grace_period=5)
     with pytest.raises(ValueError, match="ASHA settings changed"):
         other.on_trial_add(None, _trial("a"))  # type: ignore[arg-type]
 
