@@ -223,8 +223,6 @@ def _reporter(spec: StudySpec) -> CLIReporter:
 
 
 def _run_config(spec: StudySpec, paths: StudyPaths, verbose: int) -> tune.RunConfig:
-    # the compact CLIReporter table instead of the default output's per-trial config and result dumps
-    os.environ["RAY_AIR_NEW_OUTPUT"] = "0"
     return tune.RunConfig(
         progress_reporter=_reporter(spec),
         name=paths.name,
@@ -299,6 +297,9 @@ def _fit(
     # Tune's strict check would take its empty final result for a missing metric. Every report
     # the trainable does make carries the objective (`tune_metrics`), so the check adds nothing.
     os.environ["TUNE_DISABLE_STRICT_METRIC_CHECKING"] = "1"
+    # the compact CLIReporter table (also on resume, whose RunConfig is Tune's saved one) instead
+    # of the default output's per-trial config and result dumps
+    os.environ["RAY_AIR_NEW_OUTPUT"] = "0"
     trainable = _trainable(spec, paths)
     if restore:
         tuner = tune.Tuner.restore(paths.experiment, trainable, resume_unfinished=True, resume_errored=True)
