@@ -160,3 +160,22 @@ def test_an_ended_trial_keeps_only_its_last_checkpoint(smoke: tuple[Path, Any]) 
         dirs = sorted((storage / "tune" / "parity-smoke").glob(f"*_{trial_id}_*/checkpoint_*"))
         assert len(dirs) == reports  # one checkpoint a report: the directories all stay
         assert [d for d in dirs if any(d.iterdir())] == [Path(kept)]  # only the last holds weights
+
+
+def test_optuna_trials_orphaned_by_a_kill_are_marked_failed(tmp_path: Path) -> None:
+    """A driver killed between asking Optuna for a trial and saving Tune's state leaves that
+    Optuna trial RUNNING with no Tune trial behind it; the finished study marks it FAILED."""
+    from study.runner import fail_orphaned_optuna_trials
+
+    paths = StudyPaths(str(tmp_path), "s")
+    Path(paths.optuna_journal).parent.mkdir(parents=True)
+    journal = optuna.storages.journal.JournalFileBackend(paths.optuna_journal)
+    study = optuna.create_study(study_name="s", storage=optuna.storages.JournalStorage(journal))
+    done, orphan = study.ask(), study.ask()
+    study.tell(done, 0.5)
+    assert fail_orphaned_optuna_trials(SMOKE, paths) == 1
+    states = {t.number: t.state for t in _optuna(tmp_path, "s").trials}
+    assert states == {
+        done.number: optuna.trial.TrialState.COMPLETE,
+        orphan.number: optuna.trial.TrialState.FAIL,
+    }
