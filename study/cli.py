@@ -95,7 +95,12 @@ def build_parser() -> argparse.ArgumentParser:
     resume.add_argument("name", help="the study's name")
     storage(resume)
     address(resume)
-    resume.add_argument("--quiet", action="store_true", help="no progress table, just the summary")
+    resume.add_argument(
+        "--quiet",
+        action="store_true",
+        help="no progress table if Tune had saved nothing yet; a restored study keeps the setting "
+        "it was started with (run --quiet)",
+    )
 
     status = sub.add_parser(
         "status", help="trials by status and the best trial", description="Trials by status."
