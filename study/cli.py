@@ -202,8 +202,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         _fail(str(e))
     except runner.StudyError as e:
         _fail(str(e))
-    spec, paths = runner.load_study_spec(outcome.paths.name, outcome.paths.root)
-    print(summary(paths, spec.scheduler.metric))
+    paths = outcome.paths
+    print(summary(paths, outcome.spec.scheduler.metric))
     if not outcome.finished:
         print(
             f"{PROG}: the study was interrupted before all its trials finished; "

@@ -29,6 +29,7 @@ import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import pyarrow as pa
@@ -71,6 +72,7 @@ class TrialRecord:
     checkpoint_path: str | None = None
     retries: int = 0
 
+    @cached_property
     def reports(self) -> list[dict[str, Any]]:
         """The history with one report per training iteration: after a restart a trial repeats
         the reports since its last checkpoint; the later one is kept (same weights, same values)."""
@@ -83,7 +85,7 @@ class TrialRecord:
 
     def status(self) -> str:
         """One of `STATUSES`."""
-        reports = self.reports()
+        reports = self.reports
         last = reports[-1] if reports else {}
         if last.get("outcome") == "diverged":
             return "diverged"
@@ -153,16 +155,14 @@ def _metric_fields(sets: Sequence[str]) -> list[pa.Field]:
     return fields
 
 
-def _value(value: Any, kind: pa.DataType, metric: bool) -> Any:
-    """A value as Parquet stores it: non-finite numbers, and a metric's stand-in for one
-    (`study.trainable.WORST`), become null."""
+def _coerce(value: Any, kind: pa.DataType) -> Any:
+    """A value converted to the column's type, for rows Arrow refuses as they are."""
     if value is None:
         return None
     if pa.types.is_list(kind):
-        return [_value(v, pa.float64(), metric) for v in value]
+        return [_coerce(v, kind.value_type) for v in value]
     if pa.types.is_floating(kind):
-        x = float(value)
-        return x if math.isfinite(x) and not (metric and abs(x) >= WORST) else None
+        return float(value)
     if pa.types.is_integer(kind):
         return int(value)
     if pa.types.is_boolean(kind):
@@ -208,7 +208,7 @@ def trials_table(records: Sequence[TrialRecord], metric: str, mode: str) -> pa.T
     )
     rows = []
     for rec in records:
-        reports = rec.reports()
+        reports = rec.reports
         last = reports[-1] if reports else {}
         best = max(reports, key=_objective_key(metric, mode)) if reports else {}
         row: dict[str, Any] = {
@@ -259,7 +259,7 @@ def history_table(records: Sequence[TrialRecord]) -> pa.Table:
     )
     rows = []
     for rec in records:
-        for n, r in enumerate(rec.reports(), start=1):
+        for n, r in enumerate(rec.reports, start=1):
             rows.append({**r, "schema_version": SCHEMA_VERSION, "trial_id": rec.trial_id, "report": n})
     return _table(rows, schema)
 
@@ -267,13 +267,13 @@ def history_table(records: Sequence[TrialRecord]) -> pa.Table:
 def _table(rows: list[dict[str, Any]], schema: pa.Schema) -> pa.Table:
     """Rows to a table of ``schema``, non-finite numbers (and metric stand-ins) as nulls.
 
-    Arrow converts whole columns at once; a row whose value Arrow will not take as the
-    column's type (a float where an int goes) sends the table down the per-value path."""
+    Arrow converts whole columns at once; if it refuses a value as the column's type (a float
+    where an int goes), every value is converted first. Nulls follow one rule either way."""
     try:
         table = pa.Table.from_pylist(rows, schema=schema)
     except (pa.ArrowInvalid, pa.ArrowTypeError):
-        columns = {f.name: [_value(row.get(f.name), f.type, "/" in f.name) for row in rows] for f in schema}
-        return pa.Table.from_pydict(columns, schema=schema)
+        columns = {f.name: [_coerce(row.get(f.name), f.type) for row in rows] for f in schema}
+        table = pa.Table.from_pydict(columns, schema=schema)
     for i, f in enumerate(schema):
         if pa.types.is_floating(f.type) or (
             pa.types.is_list(f.type) and pa.types.is_floating(f.type.value_type)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,14 +20,13 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import ray
-from optuna.storages.journal import JournalFileBackend
 from ray import tune
 from ray.tune import Callback, CLIReporter
 from ray.tune.experiment import Trial
 
 from study.parquet import TrialRecord, history_table, parse_result_lines, trials_table
 from study.scheduler import stopped_trials
-from study.search import make_scheduler, make_searcher, param_space
+from study.search import make_scheduler, make_searcher, optuna_storage, param_space
 from study.spec import StudySpec, parse_spec
 from study.storage import StudyPaths, read_bytes, read_json, write_bytes, write_json, write_parquet
 from study.trainable import train_trial
@@ -44,6 +44,7 @@ class StudyError(RuntimeError):
 class StudyOutcome:
     """What a run or resume ended with."""
 
+    spec: StudySpec
     paths: StudyPaths
     statuses: dict[str, int]
     finished: bool
@@ -318,15 +319,13 @@ def _fit(
         tuner.fit()  # the Parquet written by the callback is the result
     finally:  # and once more from Tune's saved state, however fit ended
         records = _export_experiment(spec, paths)
-    statuses: dict[str, int] = {}
-    for rec in records:
-        statuses[rec.status()] = statuses.get(rec.status(), 0) + 1
+    statuses = dict(Counter(rec.status() for rec in records))
     finished = len(records) == spec.search.num_samples and not (
         statuses.get("running") or statuses.get("pending")
     )
     if finished:
         fail_orphaned_optuna_trials(spec, paths)
-    return StudyOutcome(paths, statuses, finished)
+    return StudyOutcome(spec, paths, statuses, finished)
 
 
 def _export_experiment(spec: StudySpec, paths: StudyPaths) -> list[TrialRecord]:
@@ -348,11 +347,9 @@ def export(name: str, storage: str) -> StudyPaths:
 def fail_orphaned_optuna_trials(spec: StudySpec, paths: StudyPaths) -> int:
     """Mark FAILED the Optuna trials left RUNNING by a driver killed between asking Optuna for
     a trial and saving Tune's state (Optuna's own heartbeat does the same to stale trials)."""
-    journal = Path(paths.optuna_journal)
-    if not journal.exists():
+    if not Path(paths.optuna_journal).exists():
         return 0
-    storage = optuna.storages.JournalStorage(JournalFileBackend(str(journal)))
-    study = optuna.load_study(study_name=paths.name, storage=storage)
+    study = optuna.load_study(study_name=paths.name, storage=optuna_storage(paths))
     orphans = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
     for t in orphans:
         study.tell(t.number, state=optuna.trial.TrialState.FAIL)

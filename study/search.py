@@ -15,7 +15,7 @@ from study.scheduler import PersistentASHA
 from study.spec import Dimension, StudySpec
 from study.storage import StudyPaths
 
-__all__ = ["DivergenceAwareOptunaSearch", "make_scheduler", "make_searcher", "param_space"]
+__all__ = ["DivergenceAwareOptunaSearch", "make_scheduler", "make_searcher", "optuna_storage", "param_space"]
 
 
 def _domain(d: Dimension) -> Any:
@@ -64,11 +64,16 @@ class DivergenceAwareOptunaSearch(OptunaSearch):
         super().on_trial_complete(trial_id, result, error)
 
 
-def make_searcher(spec: StudySpec, paths: StudyPaths) -> ConcurrencyLimiter:
-    """Seeded Optuna search whose study lives in a journal file beside the results."""
+def optuna_storage(paths: StudyPaths) -> optuna.storages.JournalStorage:
+    """The study's Optuna storage: a journal file beside the results (optuna-dashboard opens it)."""
     journal = Path(paths.optuna_journal)
     journal.parent.mkdir(parents=True, exist_ok=True)
-    storage = optuna.storages.JournalStorage(JournalFileBackend(str(journal)))
+    return optuna.storages.JournalStorage(JournalFileBackend(str(journal)))
+
+
+def make_searcher(spec: StudySpec, paths: StudyPaths) -> ConcurrencyLimiter:
+    """Seeded Optuna search whose study lives in a journal file beside the results."""
+    storage = optuna_storage(paths)
     searcher = DivergenceAwareOptunaSearch(
         metric=spec.scheduler.metric,
         mode=spec.scheduler.mode,

@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -148,15 +147,6 @@ def write_json(uri: str, obj: Any) -> None:
 
 def write_parquet(uri: str, table: pa.Table) -> None:
     """Write a Parquet file atomically (readers never see a half-written file)."""
-    fs, path = _resolve(uri)
-    if isinstance(fs, pafs.LocalFileSystem):
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.{uuid.uuid4().hex}.tmp")
-        try:
-            pq.write_table(table, tmp)
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        return
-    pq.write_table(table, path, filesystem=fs)
+    buffer = pa.BufferOutputStream()
+    pq.write_table(table, buffer)
+    write_bytes(uri, buffer.getvalue().to_pybytes())

@@ -61,7 +61,7 @@ def test_a_repeated_iteration_is_one_report_the_later_one() -> None:
     first, again = _report(20, 0.6), _report(20, 0.6)
     again["time_total_s"] = 99.0
     rec = TrialRecord("t", "RUNNING", {}, [_report(10, 0.5), first, again, _report(30, 0.7)])
-    reports = rec.reports()
+    reports = rec.reports
     assert [r["iteration"] for r in reports] == [10, 20, 30]
     assert reports[1]["time_total_s"] == 99.0
 
@@ -154,7 +154,8 @@ def test_both_conversion_paths_give_the_same_nulls(odd_int: bool) -> None:
     r["test/loss"] = -math.inf
     r["test/halted_accuracy"] = -WORST
     if odd_int:
-        r["nan_events"] = 2.0  # a float where an int goes: Arrow refuses the row as it is
+        r["nan_events"] = 2.0  # a float where an int goes
+        r["gpu_ids"] = 0  # and an int where a string goes: Arrow refuses the rows as they are
     rec = TrialRecord("t", "TERMINATED", {"task": "parity", "lr": math.inf}, [r])
     row = trials_table([rec], "test/halted_accuracy", "max").to_pandas().iloc[0]
     assert list(row["test/per_step_accuracy"][:1]) == [0.5]
