@@ -15,7 +15,7 @@ from typing import NoReturn
 import pandas as pd
 
 from study.spec import SpecError, list_specs, load_spec
-from study.storage import StudyPaths, is_remote, read_bytes
+from study.storage import StudyPaths, list_studies, read_table
 
 __all__ = ["build_parser", "main"]
 
@@ -23,6 +23,7 @@ PROG = "ponder-study"
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
 DEFAULT_STORAGE = "results"
+STORAGE_ENV = "PONDER_STUDY_STORAGE"
 SUMMARY_COLUMNS = [
     "trial_id",
     "status",
@@ -64,8 +65,9 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument(
             "--storage",
             default=None,
-            help="where studies live: a local directory or a URI such as s3://bucket/path "
-            f"(default: {DEFAULT_STORAGE})",
+            help="where studies live: a local directory, or for a multi-node cluster shared storage: "
+            "s3://bucket/prefix, gs://..., or file:///mnt/nfs/... for a filesystem every node mounts "
+            f"(default: ${STORAGE_ENV}, else the spec's [run] storage, else {DEFAULT_STORAGE})",
         )
 
     def address(p: argparse.ArgumentParser) -> None:
@@ -124,10 +126,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _trials(paths: StudyPaths) -> pd.DataFrame | None:
-    if read_bytes(paths.trials_parquet) is None:
-        return None
-    df = pd.read_parquet(paths.trials_parquet)
-    return df
+    table = read_table(paths.trials_parquet)
+    return None if table is None else table.to_pandas()
 
 
 def summary(paths: StudyPaths, metric: str = "test/halted_accuracy", top: int = 10) -> str:
@@ -152,10 +152,7 @@ def _list(storage: str) -> str:
     lines = ["specs (ponder-study run SPEC):"]
     for name in list_specs():
         lines.append(f"  {name:24s} {load_spec(name).description}")
-    studies: list[str] = []
-    root = os.path.join(os.path.abspath(storage), "studies")
-    if not is_remote(storage) and os.path.isdir(root):
-        studies = sorted(d for d in os.listdir(root) if os.path.exists(os.path.join(root, d, "spec.toml")))
+    studies = list_studies(storage)
     lines.append(f"studies under {storage}:" if studies else f"no studies under {storage} yet")
     for name in studies:
         df = _trials(StudyPaths(storage, name))
@@ -170,6 +167,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     storage_arg: str | None = args.storage
     if storage_arg is not None and not storage_arg.strip():
         _fail("--storage must not be empty")
+    if storage_arg is None and os.environ.get(STORAGE_ENV, "").strip():
+        storage_arg = os.environ[STORAGE_ENV].strip()
     try:
         if args.command == "list":
             print(_list(storage_arg or DEFAULT_STORAGE))
@@ -200,7 +199,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
     except SpecError as e:
         _fail(str(e))
-    except runner.StudyError as e:
+    except OSError as e:  # pyarrow's errors reaching a remote storage (credentials, bucket, network)
+        _fail(f"could not read or write storage {storage_arg or DEFAULT_STORAGE}: {' '.join(str(e).split())}")
+    except runner.StudyError as e:  # (bound: only the commands after `list` raise it)
         _fail(str(e))
     paths = outcome.paths
     print(summary(paths, outcome.spec.scheduler.metric))

@@ -28,8 +28,17 @@ from study.parquet import TrialRecord, history_table, parse_result_lines, trials
 from study.scheduler import stopped_trials
 from study.search import make_scheduler, make_searcher, optuna_storage, param_space
 from study.spec import StudySpec, parse_spec
-from study.storage import StudyPaths, read_bytes, read_json, write_bytes, write_json, write_parquet
-from study.trainable import train_trial
+from study.storage import (
+    StudyPaths,
+    is_shared,
+    read_bytes,
+    read_json,
+    to_uri,
+    write_bytes,
+    write_json,
+    write_parquet,
+)
+from study.trainable import fault_iteration, train_trial
 
 __all__ = ["ParquetCallback", "StudyError", "StudyOutcome", "export", "resume_study", "run_study"]
 
@@ -88,12 +97,14 @@ def _exported_history(paths: StudyPaths) -> dict[str, list[dict[str, Any]]]:
 
 
 def _record(
-    trial: Trial, stopped: set[str], ended: dict[str, Any], exported: list[dict[str, Any]]
+    trial: Trial, root: str, stopped: set[str], ended: dict[str, Any], exported: list[dict[str, Any]]
 ) -> TrialRecord:
     checkpoint = trial.checkpoint
     checkpoint_path = checkpoint.path if checkpoint is not None else None
     if trial.trial_id in ended and ended[trial.trial_id].get("checkpoint"):
         checkpoint_path = ended[trial.trial_id]["checkpoint"]  # Tune's may be older after a kill
+    if checkpoint_path is not None:
+        checkpoint_path = to_uri(root, checkpoint_path)
     error = None
     if trial.status == Trial.ERROR:
         error = _last_line(str(trial.get_error() or "")) or "error (no message recorded)"
@@ -132,7 +143,7 @@ def write_tables(
     for t in trials:
         rec = cache.records.get(t.trial_id)
         if rec is None or rec.tune_status != t.status:
-            rec = _record(t, stopped, ended, cache.exported.get(t.trial_id, []))
+            rec = _record(t, paths.root, stopped, ended, cache.exported.get(t.trial_id, []))
             if t.status == Trial.TERMINATED:
                 cache.records[t.trial_id] = rec
         records.append(rec)
@@ -181,6 +192,7 @@ class ParquetCallback(Callback):
             log.exception("could not write the study's Parquet; `ponder-study export` will retry")
 
     def on_trial_complete(self, iteration: int, trials: list[Trial], trial: Trial, **info: Any) -> None:
+        push_journal(self.paths)
         checkpoint = trial.checkpoint
         ended = read_json(self.paths.ended) or {}
         if trial.trial_id not in ended:  # a restored trial that returned at once keeps its first record
@@ -236,9 +248,55 @@ def _run_config(spec: StudySpec, paths: StudyPaths, verbose: int) -> tune.RunCon
     )
 
 
-def _init_ray(address: str | None) -> None:
-    """Join the cluster at ``address`` (or $RAY_ADDRESS), else start a local Ray instance."""
+def push_journal(paths: StudyPaths) -> None:
+    """Copy the driver's Optuna journal of a remote study into its study directory, so that a
+    resume from another machine (or a new head node) finds the search history."""
+    if paths.optuna_journal_copy is None or not Path(paths.optuna_journal).exists():
+        return
+    try:
+        write_bytes(paths.optuna_journal_copy, Path(paths.optuna_journal).read_bytes())
+    except OSError:  # the next trial's end, or the study's, copies it again
+        log.exception("could not copy the Optuna journal to %s", paths.optuna_journal_copy)
+
+
+def pull_journal(paths: StudyPaths) -> None:
+    """Before a resume: take the study directory's journal if it holds more than the local one
+    (the journal is append-only, so the longer copy is the newer)."""
+    if paths.optuna_journal_copy is None:
+        return
+    remote = read_bytes(paths.optuna_journal_copy)
+    local = Path(paths.optuna_journal)
+    if remote is not None and (not local.exists() or local.stat().st_size < len(remote)):
+        local.parent.mkdir(parents=True, exist_ok=True)
+        local.write_bytes(remote)
+
+
+LAUNCHER_BOOTSTRAP = Path("~/ray_bootstrap_config.yaml")
+"""Written by ``ray up`` on a head node: this machine heads a cluster that will add workers."""
+
+
+def _check_storage(paths: StudyPaths) -> None:
+    """Refuse this machine's disk as the storage of a multi-node study: trials on the other
+    nodes would write their checkpoints where neither the driver nor a retry can read them."""
+    if is_shared(paths.root):
+        return
+    alive: list[dict[str, Any]] = [n for n in ray.nodes() if n.get("Alive")]  # type: ignore[no-untyped-call]
+    nodes = len(alive)
+    launched = LAUNCHER_BOOTSTRAP.expanduser().exists()
+    if nodes > 1 or launched:
+        where = f"this Ray cluster has {nodes} nodes" if nodes > 1 else "this machine heads a cluster"
+        raise StudyError(
+            f"storage {paths.root!r} is a path on this machine's disk, but {where}: trials on other nodes "
+            "could not save checkpoints there; pass shared storage: --storage s3://BUCKET/PREFIX "
+            "(or gs://...), or a filesystem every node mounts as a file:// URI (file:///mnt/nfs/results)"
+        )
+
+
+def _init_ray(address: str | None, paths: StudyPaths) -> None:
+    """Join the cluster at ``address`` (or $RAY_ADDRESS), else start a local Ray instance; then
+    check that every node can reach the study's storage."""
     if ray.is_initialized():
+        _check_storage(paths)
         return
     try:
         ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
@@ -249,6 +307,7 @@ def _init_ray(address: str | None) -> None:
             f"could not start or join Ray at {where} ({message}); check --address / $RAY_ADDRESS, "
             "or leave both unset to run on a local Ray instance"
         ) from e
+    _check_storage(paths)
 
 
 def _space(spec: StudySpec) -> dict[str, Any]:
@@ -258,15 +317,24 @@ def _space(spec: StudySpec) -> dict[str, Any]:
     return space
 
 
+def _check_fault_drill() -> None:
+    """A malformed ``PONDER_STUDY_FAULT`` would fail every trial: refuse it before Ray starts."""
+    try:
+        fault_iteration()
+    except ValueError as e:
+        raise StudyError(str(e)) from e
+
+
 def run_study(spec: StudySpec, *, address: str | None = None, verbose: int = 1) -> StudyOutcome:
     """Start a new study named ``spec.name`` under ``spec.run.storage`` and run it to the end."""
+    _check_fault_drill()
     paths = StudyPaths(spec.run.storage, spec.name)
     if paths.exists() or tune.Tuner.can_restore(paths.experiment):
         raise StudyError(
             f"a study named {spec.name!r} already exists under {spec.run.storage}: "
             f"resume it with `ponder-study resume {spec.name}`, or pick another --name"
         )
-    _init_ray(address)  # before anything is written: a run that cannot start leaves no study behind
+    _init_ray(address, paths)  # before anything is written: a run that cannot start leaves no study behind
     write_bytes(paths.spec, spec.source.encode())
     return _fit(spec, paths, address, verbose, restore=False)
 
@@ -285,6 +353,7 @@ def load_study_spec(name: str, storage: str) -> tuple[StudySpec, StudyPaths]:
 
 def resume_study(name: str, storage: str, *, address: str | None = None, verbose: int = 1) -> StudyOutcome:
     """Finish an interrupted study: nothing finished runs again, nothing unfinished is lost."""
+    _check_fault_drill()
     spec, paths = load_study_spec(name, storage)
     restore = tune.Tuner.can_restore(paths.experiment)  # False if killed before Tune saved anything
     return _fit(spec, paths, address, verbose, restore=restore)
@@ -293,7 +362,8 @@ def resume_study(name: str, storage: str, *, address: str | None = None, verbose
 def _fit(
     spec: StudySpec, paths: StudyPaths, address: str | None, verbose: int, restore: bool
 ) -> StudyOutcome:
-    _init_ray(address)
+    _init_ray(address, paths)
+    pull_journal(paths)
     # A restored trial that had already ended returns without reporting (nothing runs twice);
     # Tune's strict check would take its empty final result for a missing metric. Every report
     # the trainable does make carries the objective (`tune_metrics`), so the check adds nothing.
@@ -319,12 +389,13 @@ def _fit(
         tuner.fit()  # the Parquet written by the callback is the result
     finally:  # and once more from Tune's saved state, however fit ended
         records = _export_experiment(spec, paths)
+        push_journal(paths)
     statuses = dict(Counter(rec.status() for rec in records))
     finished = len(records) == spec.search.num_samples and not (
         statuses.get("running") or statuses.get("pending")
     )
-    if finished:
-        fail_orphaned_optuna_trials(spec, paths)
+    if finished and fail_orphaned_optuna_trials(spec, paths):
+        push_journal(paths)
     return StudyOutcome(spec, paths, statuses, finished)
 
 

@@ -4,7 +4,8 @@ A study named N under the storage root R::
 
     R/tune/N/                      Tune's experiment: trial dirs, checkpoints, experiment state
     R/studies/N/spec.toml          the spec the study was started with (``resume`` reads it)
-    R/studies/N/optuna.journal     the Optuna study (``optuna-dashboard`` opens it)
+    R/studies/N/optuna.journal     the Optuna study (``optuna-dashboard`` opens it); on an object
+                                   store, a copy of the driver's local journal (see below)
     R/studies/N/asha.json          ASHA's rungs and the trials it stopped (Ray does not keep them)
     R/studies/N/ended.json         every trial that ended, with its final checkpoint: the record a
                                    resume trusts even when Tune's own state lags behind it
@@ -12,6 +13,12 @@ A study named N under the storage root R::
     R/history/study=N/history.parquet  one row per trial per report
 
 Every file here is replaced atomically: a reader sees the old version or the new one.
+
+A plain path is on this machine's disk. A multi-node study needs a root every node reads and
+writes: an object store (``s3://bucket/prefix``, ``gs://...``) or a filesystem every node
+mounts, given as a ``file://`` URI to say so (``file:///mnt/nfs/results``), see `is_shared`.
+Optuna's journal needs a file lock, which object stores lack: with a remote root the driver
+keeps it on its own disk (`journal_cache`) and copies it to the study directory as trials end.
 """
 
 from __future__ import annotations
@@ -27,7 +34,24 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-__all__ = ["StudyPaths", "is_remote", "read_bytes", "read_json", "write_bytes", "write_json", "write_parquet"]
+__all__ = [
+    "JOURNAL_CACHE_ENV",
+    "StudyPaths",
+    "is_remote",
+    "is_shared",
+    "journal_cache",
+    "list_studies",
+    "read_bytes",
+    "read_json",
+    "read_table",
+    "to_uri",
+    "write_bytes",
+    "write_json",
+    "write_parquet",
+]
+
+JOURNAL_CACHE_ENV = "PONDER_STUDY_CACHE"
+"""Where a driver keeps the Optuna journals of studies on remote storage (default ~/.cache/ponder-study)."""
 
 
 def is_remote(uri: str) -> bool:
@@ -35,17 +59,43 @@ def is_remote(uri: str) -> bool:
     return "://" in uri and not uri.startswith("file://")
 
 
+def is_shared(uri: str) -> bool:
+    """Whether ``uri`` names storage every node of a cluster can reach: an object store, or a
+    ``file://`` URI (the user's word that the path is a filesystem every node mounts). A plain
+    path is this machine's disk."""
+    return "://" in uri
+
+
+def _local(uri: str) -> str:
+    return os.path.abspath(uri.removeprefix("file://"))
+
+
 def _resolve(uri: str) -> tuple[pafs.FileSystem, str]:
     if is_remote(uri):
         fs, path = pafs.FileSystem.from_uri(uri)
         return fs, path
-    return pafs.LocalFileSystem(), os.path.abspath(uri.removeprefix("file://"))
+    return pafs.LocalFileSystem(), _local(uri)
 
 
 def _join(root: str, *parts: str) -> str:
     if is_remote(root):
         return "/".join([root.rstrip("/"), *parts])
-    return os.path.join(os.path.abspath(root), *parts)
+    return os.path.join(_local(root), *parts)
+
+
+def to_uri(root: str, path: str) -> str:
+    """A path Tune reports inside the filesystem of ``root`` (``bucket/tune/...`` for S3) as a
+    URI that names its filesystem again (``s3://bucket/tune/...``); local paths as they are."""
+    if is_remote(root) and "://" not in path:
+        return f"{root.split('://', 1)[0]}://{path.lstrip('/')}"
+    return path
+
+
+def journal_cache(root: str, name: str) -> str:
+    """The driver's local copy of a remote study's Optuna journal, one per root and name."""
+    base = os.environ.get(JOURNAL_CACHE_ENV) or os.path.expanduser("~/.cache/ponder-study")
+    scheme, rest = root.split("://", 1)
+    return os.path.join(base, scheme, *[p for p in rest.split("/") if p], name, "optuna.journal")
 
 
 @dataclass(frozen=True)
@@ -84,8 +134,13 @@ class StudyPaths:
     def optuna_journal(self) -> str:
         """A local file: Optuna's journal needs a file lock, which object stores do not have."""
         if is_remote(self.root):
-            return os.path.join(os.path.abspath("results"), "studies", self.name, "optuna.journal")
+            return journal_cache(self.root, self.name)
         return _join(self.study_dir, "optuna.journal")
+
+    @property
+    def optuna_journal_copy(self) -> str | None:
+        """The journal's copy in the study directory, for a remote root (None for a local one)."""
+        return _join(self.study_dir, "optuna.journal") if is_remote(self.root) else None
 
     @property
     def trials_dataset(self) -> str:
@@ -112,6 +167,26 @@ def read_bytes(uri: str) -> bytes | None:
     with fs.open_input_stream(path) as f:
         data: bytes = f.readall()
     return data
+
+
+def read_table(uri: str) -> pa.Table | None:
+    """A Parquet file as an Arrow table, or None when there is no such file."""
+    data = read_bytes(uri)
+    return None if data is None else pq.read_table(pa.BufferReader(data))
+
+
+def list_studies(root: str) -> list[str]:
+    """The names of the studies started under ``root`` (those whose spec was saved)."""
+    fs, path = _resolve(_join(root, "studies"))
+    if fs.get_file_info(path).type != pafs.FileType.Directory:
+        return []
+    names = []
+    for info in fs.get_file_info(pafs.FileSelector(path)):
+        if info.type == pafs.FileType.Directory:
+            name = info.path.rstrip("/").rsplit("/", 1)[-1]
+            if fs.get_file_info(f"{info.path}/spec.toml").type == pafs.FileType.File:
+                names.append(name)
+    return sorted(names)
 
 
 def write_bytes(uri: str, data: bytes) -> None:
