@@ -1,4 +1,4 @@
-"""The Parquet contract (schema version 1): one table of trials, one of reports, per study.
+"""The Parquet contract (schema version 2): one table of trials, one of reports, per study.
 
 ``trials/study=<name>/trials.parquet`` has one row per trial:
 
@@ -7,14 +7,20 @@
   union over all tasks, null where a task has no such field; ``iterations`` is the budget);
   ``device`` is the config's device as resolved on the node (``auto`` -> ``cpu``/``cuda:0 ...``);
 - ``iteration`` (training iterations run), ``reports``, ``nan_events``, ``wall_time_s``,
-  ``node_ip``, ``gpu_ids``, ``checkpoint_path``, ``error``, ``retries``;
+  ``node_ip``, ``node_id``, ``gpu_ids`` (where the last report ran), ``nodes`` (how many
+  Ray nodes the trial's reports came from: more than 1 after a retry moved it),
+  ``checkpoint_path`` (a URI on remote storage), ``error``, ``retries`` (Tune's restarts of
+  the trial after a failure, each from its last checkpoint);
 - each metric's final value under its metric name (``test/halted_accuracy``,
   ``train/loss``, ...), and ``best/<metric>``: every metric at the report where the study's
   objective was best (``best_iteration`` says which); per-step accuracy and the halting
   distribution as list columns (final report).
 
 ``history/study=<name>/history.parquet`` has one row per trial per report: ``trial_id``,
-``report`` (1, 2, ...), ``iteration``, ``outcome``, ``nan_events``, the timings, every metric.
+``report`` (1, 2, ...), ``iteration``, ``outcome``, ``nan_events``, the timings, where it ran
+(``node_ip``, ``node_id``, ``device``, ``gpu_ids``), every metric.
+
+Version 2 added ``node_id`` and ``nodes``; ``ponder-study export NAME`` rewrites an older study.
 
 Metric columns for the canonical evaluation sets (`CANONICAL_SETS`) are in every file, so
 ``pd.read_parquet("results/trials")`` gives all of them for every study (pyarrow takes the
@@ -49,7 +55,7 @@ __all__ = [
     "trials_table",
 ]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 STATUSES = ("completed", "early_stopped", "diverged", "errored", "running", "pending")
 CANONICAL_SETS = ("test", "easy", "hard", "extrapolation", "rot22.5", "rot45", "rot67.5", "rot90")
 
@@ -197,7 +203,9 @@ def trials_table(records: Sequence[TrialRecord], metric: str, mode: str) -> pa.T
             pa.field("nan_events", pa.int64()),
             pa.field("wall_time_s", pa.float64()),
             pa.field("node_ip", pa.string()),
+            pa.field("node_id", pa.string()),
             pa.field("gpu_ids", pa.string()),
+            pa.field("nodes", pa.int64()),
             pa.field("checkpoint_path", pa.string()),
             pa.field("error", pa.string()),
             pa.field("retries", pa.int64()),
@@ -222,7 +230,9 @@ def trials_table(records: Sequence[TrialRecord], metric: str, mode: str) -> pa.T
             "nan_events": last.get("nan_events", 0),
             "wall_time_s": last.get("time_total_s"),
             "node_ip": last.get("node_ip"),
+            "node_id": last.get("node_id"),
             "gpu_ids": last.get("gpu_ids"),
+            "nodes": len({r["node_id"] for r in reports if r.get("node_id")}),
             "checkpoint_path": rec.checkpoint_path,
             "error": rec.error,
             "retries": rec.retries,
@@ -252,6 +262,7 @@ def history_table(records: Sequence[TrialRecord]) -> pa.Table:
             pa.field("time_total_s", pa.float64()),
             pa.field("timestamp", pa.int64()),
             pa.field("node_ip", pa.string()),
+            pa.field("node_id", pa.string()),
             pa.field("device", pa.string()),
             pa.field("gpu_ids", pa.string()),
             *_metric_fields(_sets(records)),

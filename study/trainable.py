@@ -5,11 +5,17 @@ that is not finite is left out of the report (it reads as null in Parquet); the 
 which ASHA and Optuna need at every report, is replaced by a finite value worse than any
 real one. A run that passes its NaN limit reports ``outcome = "diverged"`` and returns;
 `DivergenceAwareOptunaSearch` turns that into a FAILED Optuna trial.
+
+Fault drills: with ``PONDER_STUDY_FAULT=raise@<iteration>`` in the environment of the Ray
+nodes, every trial raises once, right after its first report (and checkpoint) at or past that
+iteration; Tune retries it from that checkpoint (``[run] max_failures``). It checks, on a real
+cluster and its storage, that a failed trial loses nothing; the tests use it the same way.
 """
 
 from __future__ import annotations
 
 import math
+import os
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -23,11 +29,37 @@ from ponder.trainer import Metrics, Trainer
 from study.scheduler import stopped_trials
 from study.storage import read_json
 
-__all__ = ["CHECKPOINT_FILE", "WORST", "train_trial", "tune_metrics"]
+__all__ = [
+    "CHECKPOINT_FILE",
+    "FAULT_ENV",
+    "WORST",
+    "InjectedFault",
+    "fault_iteration",
+    "train_trial",
+    "tune_metrics",
+]
 
 CHECKPOINT_FILE = "trainer.pt"
 WORST = 1e30
 """Magnitude of the stand-in for a non-finite objective: -WORST when maximising, +WORST when minimising."""
+
+
+FAULT_ENV = "PONDER_STUDY_FAULT"
+
+
+class InjectedFault(RuntimeError):
+    """The failure ``PONDER_STUDY_FAULT`` asks for."""
+
+
+def fault_iteration() -> int | None:
+    """The iteration after which each trial raises once, from ``PONDER_STUDY_FAULT=raise@N``."""
+    value = os.environ.get(FAULT_ENV, "").strip()
+    if not value:
+        return None
+    kind, _, at = value.partition("@")
+    if kind != "raise" or not at.isdigit() or int(at) < 1:
+        raise ValueError(f"{FAULT_ENV}={value!r}: expected raise@<iteration>, e.g. raise@20")
+    return int(at)
 
 
 def tune_metrics(metrics: Metrics, objective: str, mode: str) -> dict[str, Any]:
@@ -73,9 +105,11 @@ def train_trial(
         trainer = Trainer(config_from_dict(dict(config)))
     where = {
         "node_ip": ray.util.get_node_ip_address(),  # type: ignore[no-untyped-call]
+        "node_id": ray.get_runtime_context().get_node_id(),
         "device": _device_label(trainer),
         "gpu_ids": ",".join(str(i) for i in ray.get_gpu_ids()),
     }
+    fault, started_at = fault_iteration(), trainer.iteration
     for metrics in trainer.run():
         with tempfile.TemporaryDirectory() as d:
             trainer.save(Path(d) / CHECKPOINT_FILE)
@@ -83,3 +117,5 @@ def train_trial(
                 {**tune_metrics(metrics, objective, mode), **where},
                 checkpoint=tune.Checkpoint.from_directory(d),
             )
+        if fault is not None and started_at < fault <= trainer.iteration:  # a retry starts past it
+            raise InjectedFault(f"{FAULT_ENV}: trial {trial_id} fails once, at iteration {trainer.iteration}")
