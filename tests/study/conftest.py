@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
+import pyarrow.fs as pafs
 import pytest
 
 CLI = [sys.executable, "-m", "study"]
@@ -109,3 +113,51 @@ def smoke(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.Co
     done = cli("run", "parity-smoke", "--storage", str(storage), "--quiet")
     assert done.returncode == 0, done.stderr[-3000:]
     return storage, done
+
+
+@dataclass
+class S3:
+    """A real S3 API (moto's server on loopback) that pyarrow, Ray and the CLI reach through the
+    standard AWS environment variables, as they would reach AWS."""
+
+    endpoint: str
+
+    def bucket(self) -> str:
+        """A new, empty bucket; returns its ``s3://`` URI."""
+        name = f"ponder-{uuid.uuid4().hex[:12]}"
+        self.fs().create_dir(name)
+        return f"s3://{name}"
+
+    def fs(self) -> pafs.S3FileSystem:
+        return pafs.S3FileSystem(endpoint_override=self.endpoint, allow_bucket_creation=True)
+
+    def files(self, uri: str) -> list[str]:
+        """Every object under ``uri`` (``s3://bucket/prefix``), as bucket/key paths."""
+        selector = pafs.FileSelector(uri.removeprefix("s3://"), recursive=True, allow_not_found=True)
+        return [i.path for i in self.fs().get_file_info(selector) if i.type == pafs.FileType.File]
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3]:
+    """moto's S3 server for this module; the AWS variables are set for this process and so for
+    the Ray nodes and CLI drivers it starts."""
+    from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one log line per request otherwise
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    endpoint = f"http://{host}:{port}"
+    with pytest.MonkeyPatch.context() as mp:
+        for key, value in {
+            "AWS_ENDPOINT_URL": endpoint,
+            "AWS_ACCESS_KEY_ID": "testing",
+            "AWS_SECRET_ACCESS_KEY": "testing",
+            "AWS_DEFAULT_REGION": "us-east-1",
+            "AWS_EC2_METADATA_DISABLED": "true",
+            # the driver's copies of remote studies' Optuna journals
+            "PONDER_STUDY_CACHE": str(tmp_path_factory.mktemp("journal-cache")),
+        }.items():
+            mp.setenv(key, value)
+        yield S3(endpoint)
+    server.stop()

@@ -1,0 +1,170 @@
+"""Studies on a multi-node Ray cluster: placement over nodes, S3 storage, and a lost node.
+
+The cluster is real Ray (``ray.cluster_utils.Cluster``): a head node without CPUs (it runs only
+the driver) and two worker nodes that declare 2 GPUs each, on loopback addresses of their own
+(127.0.0.2, 127.0.0.3) so the ``node_ip`` column tells them apart. Torch sees no CUDA here, so
+the trials, placed as on a GPU cluster with half a GPU each, train on the CPU. The storage is
+S3 (moto's server), reached by Ray, pyarrow and the CLI through the standard AWS variables.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pandas as pd
+import pytest
+
+from study.spec import load_spec
+from tests.study.conftest import S3, Driver, cli
+
+pytestmark = pytest.mark.slow
+WORKER_IPS = ("127.0.0.2", "127.0.0.3")
+FINAL = {"completed", "early_stopped"}
+
+
+@dataclass
+class LocalCluster:
+    cluster: Any  # ray.cluster_utils.Cluster
+    workers: list[Any]  # its worker nodes, in WORKER_IPS order
+    startup_s: float
+
+    @property
+    def address(self) -> str:
+        return str(self.cluster.address)
+
+
+@pytest.fixture(scope="module")
+def cluster(s3: S3) -> Iterator[LocalCluster]:
+    """Head + two 2-CPU, 2-GPU workers; started after `s3` so every node has the AWS variables."""
+    from ray.cluster_utils import Cluster
+
+    start = time.monotonic()
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False})
+    workers = [c.add_node(num_cpus=2, num_gpus=2, node_ip_address=ip) for ip in WORKER_IPS]
+    c.wait_for_nodes()
+    yield LocalCluster(c, workers, time.monotonic() - start)
+    c.shutdown()
+
+
+def _spec(tmp_path: Path, *, iterations: int, eval_interval: int, grace: int, num_samples: int) -> Path:
+    """parity-smoke's model with half a GPU per trial and this test's budget."""
+    source = load_spec("parity-smoke").source
+    spec = tmp_path / "cluster.toml"
+    spec.write_text(
+        source.replace("iterations = 60", f"iterations = {iterations}")
+        .replace("eval_interval = 10", f"eval_interval = {eval_interval}")
+        .replace("grace_period = 10", f"grace_period = {grace}")
+        .replace("num_samples = 6", f"num_samples = {num_samples}")
+        .replace("max_concurrent = 2", "max_concurrent = 4")
+        .replace("gpu = 0\n", "gpu = 0.5\n")
+    )
+    return spec
+
+
+def _read(s3: S3, uri: str) -> pd.DataFrame:
+    """A Parquet dataset on S3 read with pandas, as a user would (see the README)."""
+    return pd.read_parquet(uri.removeprefix("s3://"), filesystem=s3.fs())
+
+
+def test_local_storage_is_refused_on_a_multi_node_cluster(cluster: LocalCluster, tmp_path: Path) -> None:
+    local = tmp_path / "results"
+    done = cli("run", "parity-smoke", "--address", cluster.address, "--storage", str(local))
+    assert done.returncode == 2, done.stderr[-2000:]
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert "3 nodes" in lines[0] and "s3://" in lines[0] and "file://" in lines[0]
+    assert not local.exists()  # refused before anything was written
+
+
+def test_trials_spread_over_worker_nodes_and_land_in_s3(
+    cluster: LocalCluster, s3: S3, tmp_path: Path
+) -> None:
+    bucket = s3.bucket()
+    storage = f"{bucket}/ponder"
+    spec = _spec(tmp_path, iterations=400, eval_interval=50, grace=100, num_samples=4)
+    done = cli("run", str(spec), "--name", "spread", "--address", cluster.address, "--storage", storage)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+    df = _read(s3, f"{storage}/trials/study=spread")
+    assert len(df) == 4 and set(df["status"]) <= FINAL
+    h = _read(s3, f"{storage}/history/study=spread")
+    assert set(h["node_ip"]) == set(WORKER_IPS)  # both workers trained; the CPU-only head none
+    assert h["node_id"].nunique() == 2
+    assert (df["nodes"] == 1).all() and (df["retries"] == 0).all()
+    assert df["gpu_ids"].isin(["0", "1"]).all()  # a GPU Tune assigned; torch sees none: CPU
+    assert (df["device"] == "cpu").all()
+    objects = set(s3.files(storage))
+    for path in df["checkpoint_path"]:  # a URI, and the weights are there
+        assert path.startswith(f"{storage}/tune/spread/")
+        assert f"{path.removeprefix('s3://')}/trainer.pt" in objects
+
+    # the Optuna journal is copied next to the study: a resume elsewhere has the search history
+    journal = tmp_path / "optuna.journal"
+    journal.write_bytes(s3.fs().open_input_stream(f"{storage[5:]}/studies/spread/optuna.journal").readall())
+    study = optuna.load_study(
+        study_name="spread",
+        storage=optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(journal))),
+    )
+    assert [t.state for t in study.trials].count(optuna.trial.TrialState.COMPLETE) == 4
+
+    status = cli("status", "spread", "--storage", storage)
+    assert status.returncode == 0 and "4 trials" in status.stdout, status.stderr
+    listing = cli("list", "--storage", storage)
+    assert listing.returncode == 0 and "spread" in listing.stdout.split("studies under", 1)[1]
+
+
+def test_a_lost_node_costs_only_the_work_since_the_last_checkpoint(
+    cluster: LocalCluster, s3: S3, tmp_path: Path
+) -> None:
+    bucket = s3.bucket()
+    storage = f"{bucket}/ponder"
+    budget, every = 1500, 100
+    spec = _spec(tmp_path, iterations=budget, eval_interval=every, grace=budget, num_samples=4)
+    run = Driver(
+        "run", str(spec), "--name", "lost", "--address", cluster.address, "--storage", storage, "--quiet",
+        log=tmp_path / "driver.log",
+    )  # fmt: skip
+    tune_dir = f"{storage}/tune/lost/".removeprefix("s3://")
+
+    def every_trial_checkpointed() -> bool:  # 4 trials on 2 CPUs a node: two run on each worker
+        files = s3.files(f"{storage}/tune/lost")
+        trials = {f.removeprefix(tune_dir).split("/")[0] for f in files if "/checkpoint_" in f}
+        return len(trials) == 4
+
+    try:
+        run.wait_until(every_trial_checkpointed, timeout=240)
+        lost = cluster.workers[1]
+        cluster.cluster.remove_node(lost)  # a spot instance reclaimed, with its two trials
+        assert run.finish(timeout=480) == 0, run.output()[-3000:]
+    finally:
+        if run.proc.poll() is None:
+            run.kill()
+
+    df = _read(s3, f"{storage}/trials/study=lost").set_index("trial_id")
+    assert len(df) == 4
+    assert (df["status"] == "completed").all(), df[["status", "error"]]  # none errored
+    assert (df["iteration"] == budget).all()
+    moved = df[df["retries"] >= 1]
+    assert len(moved) >= 1  # the lost node's trials were retried ...
+    assert (moved["nodes"] == 2).all() and (moved["node_ip"] == WORKER_IPS[0]).all()  # ... on the survivor
+    h = _read(s3, f"{storage}/history/study=lost")
+    for trial_id in moved.index:
+        rows = h[h["trial_id"] == trial_id].sort_values("report")
+        assert list(rows["iteration"]) == list(range(every, budget + 1, every))  # one row per report
+        assert rows["node_ip"].iloc[0] == WORKER_IPS[1] and rows["node_ip"].iloc[-1] == WORKER_IPS[0]
+        # Tune's own log of the trial: the retry went on from a checkpoint, it did not start over
+        result = next(
+            f for f in s3.files(f"{storage}/tune/lost") if f"_{trial_id}_" in f and f.endswith("/result.json")
+        )
+        lines = [json.loads(x) for x in s3.fs().open_input_stream(result).readall().splitlines()]
+        iterations = [x["iteration"] for x in lines]
+        assert iterations == sorted(set(iterations)), iterations
+        restored = [x for x in lines if x["iterations_since_restore"] < x["training_iteration"]]
+        assert restored and restored[0]["iteration"] > every
+    print(f"\ncluster start-up {cluster.startup_s:.1f} s; retries {moved['retries'].tolist()}")
