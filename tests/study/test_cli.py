@@ -278,3 +278,28 @@ def test_an_unusable_ray_address_is_one_line_and_leaves_no_study(smoke: tuple[Pa
     (line,) = done.stderr.strip().splitlines()
     assert "/bogus" in line and "--address" in line, line
     assert _snapshot(storage) == before, _diff(before, _snapshot(storage))  # the name is still free
+
+
+def test_a_malformed_fault_drill_is_refused_before_ray_starts(
+    smoke: tuple[Path, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    storage, _ = smoke
+    monkeypatch.setenv("RAY_ADDRESS", NO_RAY)
+    monkeypatch.setenv("PONDER_STUDY_FAULT", "raise-at-20")
+    done = cli("run", "parity-smoke", "--name", "drill", "--storage", str(storage), timeout=120)
+    assert done.returncode == 2, done.stderr[-2000:]
+    (line,) = done.stderr.strip().splitlines()
+    assert "PONDER_STUDY_FAULT" in line and "raise@<iteration>" in line, line
+    assert not (storage / "studies" / "drill").exists()
+
+
+def test_the_storage_variable_is_the_default_storage(
+    smoke: tuple[Path, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """$PONDER_STUDY_STORAGE (set once on a cluster's nodes) stands in for --storage."""
+    storage, _ = smoke
+    monkeypatch.setenv("PONDER_STUDY_STORAGE", str(storage))
+    done = cli("status", "parity-smoke", timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert f"{load_spec('parity-smoke').search.num_samples} trials" in done.stdout
+    assert str(storage) in done.stdout  # the Parquet it names is under that storage

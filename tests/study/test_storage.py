@@ -1,0 +1,98 @@
+"""Where a study's files live: local paths, file:// URIs and S3 (moto's server) alike."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from study.runner import pull_journal, push_journal
+from study.storage import (
+    StudyPaths,
+    is_remote,
+    is_shared,
+    list_studies,
+    read_bytes,
+    read_json,
+    read_table,
+    to_uri,
+    write_bytes,
+    write_json,
+    write_parquet,
+)
+from tests.study.conftest import S3
+
+
+@pytest.mark.parametrize(
+    ("uri", "remote", "shared"),
+    [
+        ("results", False, False),
+        ("/abs/results", False, False),
+        ("file:///mnt/nfs/results", False, True),
+        ("s3://bucket/prefix", True, True),
+        ("gs://bucket/prefix", True, True),
+    ],
+)
+def test_which_storage_every_node_can_reach(uri: str, remote: bool, shared: bool) -> None:
+    assert is_remote(uri) is remote
+    assert is_shared(uri) is shared
+
+
+def test_a_file_uri_is_its_local_path(tmp_path: Path) -> None:
+    by_uri, by_path = StudyPaths(f"file://{tmp_path}", "s"), StudyPaths(str(tmp_path), "s")
+    assert by_uri.experiment == by_path.experiment == str(tmp_path / "tune" / "s")
+    assert by_uri.optuna_journal == by_path.optuna_journal
+    assert by_uri.optuna_journal_copy is None
+    write_json(by_uri.ended, {"a": 1})
+    assert read_json(by_path.ended) == {"a": 1}
+
+
+def test_tune_paths_become_uris_again() -> None:
+    assert to_uri("s3://b/p", "b/p/tune/x/checkpoint_000001") == "s3://b/p/tune/x/checkpoint_000001"
+    assert to_uri("s3://b/p", "s3://b/p/x") == "s3://b/p/x"
+    assert to_uri("/local", "/local/tune/x") == "/local/tune/x"
+
+
+def test_files_round_trip_and_studies_are_listed_on_s3(s3: S3) -> None:
+    root = f"{s3.bucket()}/ponder"
+    assert list_studies(root) == [] and read_bytes(f"{root}/nothing") is None
+    for name in ("b-study", "a-study"):
+        write_bytes(StudyPaths(root, name).spec, b"task = 'parity'")
+    write_json(f"{root}/studies/not-a-study/asha.json", {})  # no spec: not a study
+    assert list_studies(root) == ["a-study", "b-study"]
+    paths = StudyPaths(root, "a-study")
+    write_parquet(paths.trials_parquet, pa.table({"x": [1, 2]}))
+    table = read_table(paths.trials_parquet)
+    assert table is not None and table.column("x").to_pylist() == [1, 2]
+    assert f"{root[5:]}/trials/study=a-study/trials.parquet" in s3.files(root)
+
+
+def test_list_studies_on_a_local_root(tmp_path: Path) -> None:
+    assert list_studies(str(tmp_path / "missing")) == []
+    write_bytes(StudyPaths(str(tmp_path), "one").spec, b"")
+    os.makedirs(tmp_path / "studies" / "half-started")
+    assert list_studies(str(tmp_path)) == ["one"]
+
+
+def test_a_remote_studys_journal_follows_it_to_another_machine(
+    s3: S3, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The driver's journal is copied to the study directory; a driver elsewhere (another
+    cache) takes it back before resuming, and never replaces a longer local journal."""
+    paths = StudyPaths(f"{s3.bucket()}/ponder", "s")
+    assert paths.optuna_journal.startswith(os.environ["PONDER_STUDY_CACHE"])
+    Path(paths.optuna_journal).parent.mkdir(parents=True, exist_ok=True)
+    Path(paths.optuna_journal).write_bytes(b"line 1\nline 2\n")
+    push_journal(paths)
+    assert paths.optuna_journal_copy is not None
+    assert read_bytes(paths.optuna_journal_copy) == b"line 1\nline 2\n"
+
+    monkeypatch.setenv("PONDER_STUDY_CACHE", str(tmp_path / "other-machine"))
+    assert not Path(paths.optuna_journal).exists()
+    pull_journal(paths)
+    assert Path(paths.optuna_journal).read_bytes() == b"line 1\nline 2\n"
+    Path(paths.optuna_journal).write_bytes(b"line 1\nline 2\nline 3\n")  # this driver went on
+    pull_journal(paths)
+    assert Path(paths.optuna_journal).read_bytes() == b"line 1\nline 2\nline 3\n"
