@@ -298,8 +298,9 @@ def _init_ray(address: str | None, paths: StudyPaths) -> None:
     if ray.is_initialized():
         _check_storage(paths)
         return
-    try:
-        ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
+    try:  # Ray's start-up notices (token auth, ...) at ERROR: a refusal stays one line on stderr
+        ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR)
+        logging.getLogger("ray").setLevel(logging.WARNING)  # then Tune's warnings as before
     except (ValueError, ConnectionError, RuntimeError, TimeoutError) as e:
         where = address or os.environ.get("RAY_ADDRESS") or "a local instance"
         message = " ".join(str(e).split())[:200]

@@ -72,9 +72,18 @@ def _read(s3: S3, uri: str) -> pd.DataFrame:
     return pd.read_parquet(uri.removeprefix("s3://"), filesystem=s3.fs())
 
 
-def test_local_storage_is_refused_on_a_multi_node_cluster(cluster: LocalCluster, tmp_path: Path) -> None:
+@pytest.mark.parametrize("join", ["--address ADDRESS", "--address auto", "RAY_ADDRESS"])
+def test_local_storage_is_refused_on_a_multi_node_cluster(
+    join: str, cluster: LocalCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each way of joining the cluster finds its 3 nodes, and a local --storage is refused."""
     local = tmp_path / "results"
-    done = cli("run", "parity-smoke", "--address", cluster.address, "--storage", str(local))
+    args = ["run", "parity-smoke", "--storage", str(local)]
+    if join == "RAY_ADDRESS":
+        monkeypatch.setenv("RAY_ADDRESS", cluster.address)
+    else:
+        args += ["--address", cluster.address if join.endswith("ADDRESS") else "auto"]
+    done = cli(*args)
     assert done.returncode == 2, done.stderr[-2000:]
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1, done.stderr
