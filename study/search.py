@@ -50,11 +50,39 @@ def _sampler(spec: StudySpec) -> optuna.samplers.BaseSampler:
 
 
 class DivergenceAwareOptunaSearch(OptunaSearch):
-    """OptunaSearch that tells Optuna a diverged trial FAILED.
+    """OptunaSearch that tells Optuna a diverged trial FAILED, and that finds its journal where
+    this machine keeps it when Tune restores it.
 
     A diverged trial ends normally in Tune (it is not an error to retry) and reports a finite
     objective; without this, Optuna would record that stand-in value as a real result.
+
+    Tune pickles the searcher with its Optuna study, and so with the journal's absolute path on
+    the machine that started the study. A resume elsewhere (another head node, another cache
+    directory) would write to that stale path and leave this study's journal behind: after a
+    restore the study is reopened at ``paths.optuna_journal`` as this machine resolves it.
     """
+
+    def __init__(self, *, paths: StudyPaths, **kwargs: Any) -> None:
+        self._paths = paths
+        super().__init__(storage=optuna_storage(paths), **kwargs)
+
+    def _reopen_study(self) -> None:
+        if self._ot_study is None:  # not set up yet: nothing was asked of Optuna
+            return
+        storage = optuna_storage(self._paths)
+        sampler = self._ot_study.sampler
+        study = optuna.load_study(study_name=self._study_name, storage=storage, sampler=sampler)
+        for trial in self._ot_trials.values():  # each asked trial holds the study it came from
+            trial.study, trial.storage = study, storage
+        self._storage, self._ot_study = storage, study
+
+    def __setstate__(self, state: dict[str, Any]) -> None:  # the Tuner unpickled on restore
+        self.__dict__.update(state)
+        self._reopen_study()
+
+    def restore(self, checkpoint_path: str) -> None:  # the searcher state Tune saved
+        super().restore(checkpoint_path)
+        self._reopen_study()
 
     def on_trial_complete(
         self, trial_id: str, result: dict[str, Any] | None = None, error: bool = False
@@ -73,13 +101,12 @@ def optuna_storage(paths: StudyPaths) -> optuna.storages.JournalStorage:
 
 def make_searcher(spec: StudySpec, paths: StudyPaths) -> ConcurrencyLimiter:
     """Seeded Optuna search whose study lives in a journal file beside the results."""
-    storage = optuna_storage(paths)
     searcher = DivergenceAwareOptunaSearch(
         metric=spec.scheduler.metric,
         mode=spec.scheduler.mode,
         sampler=_sampler(spec),
         study_name=paths.name,
-        storage=storage,
+        paths=paths,
     )
     return ConcurrencyLimiter(searcher, max_concurrent=spec.search.max_concurrent)
 
