@@ -61,39 +61,12 @@ from typing import Any
 
 import pandas as pd
 
-from study.spec import Dimension, StudySpec, load_spec, parse_spec
+from study.spec import Dimension, StudySpec, load_spec, parse_spec, to_toml
 
 SPEC = "parity"
 
 
 # -- the study of one packing -------------------------------------------------------------------
-def _toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int | float):
-        return repr(value)
-    if isinstance(value, str):
-        return json.dumps(value)
-    if isinstance(value, list | tuple):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
-    raise TypeError(f"no TOML for {value!r}")
-
-
-def _to_toml(doc: dict[str, Any]) -> str:
-    """TOML text of a spec document: top-level scalars, then ``[table]``s and ``[table.sub]``s."""
-    lines = [f"{k} = {_toml_value(v)}" for k, v in doc.items() if not isinstance(v, dict)]
-    for key, table in doc.items():
-        if not isinstance(table, dict):
-            continue
-        scalars = {k: v for k, v in table.items() if not isinstance(v, dict)}
-        if scalars or not table:
-            lines += ["", f"[{key}]", *(f"{k} = {_toml_value(v)}" for k, v in scalars.items())]
-        for sub, inner in table.items():
-            if isinstance(inner, dict):
-                lines += ["", f"[{key}.{sub}]", *(f"{k} = {_toml_value(v)}" for k, v in inner.items())]
-    return "\n".join(lines) + "\n"
-
-
 def _pinned(dim: Dimension) -> Any:
     """One value of a searched dimension: a categorical's first, else the middle of the range."""
     if dim.categorical:
@@ -116,7 +89,7 @@ def packing_spec(k: int, args: argparse.Namespace, storage: str) -> StudySpec:
     doc["scheduler"] = {**doc.get("scheduler", {}), "grace_period": args.iterations}
     doc["resources"] = {"cpu": args.cpus_per_trial, "gpu": 1 / k}
     doc["run"] = {"storage": storage, "max_failures": 0}
-    return parse_spec(_to_toml(doc), f"gpu-packing-{k}")
+    return parse_spec(to_toml(doc), f"gpu-packing-{k}")
 
 
 def max_overlap(intervals: list[tuple[float, float]]) -> int:

@@ -298,11 +298,15 @@ def _init_ray(address: str | None, paths: StudyPaths) -> None:
     if ray.is_initialized():
         _check_storage(paths)
         return
+    if address is None and not os.environ.get("RAY_ADDRESS"):
+        # a Ray instance of its own, as --help says: ray.init() alone would join whatever cluster
+        # `ray start` last started on this machine; --address auto asks for that explicitly
+        address = "local"
     try:  # Ray's start-up notices (token auth, ...) at ERROR: a refusal stays one line on stderr
         ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR)
         logging.getLogger("ray").setLevel(logging.WARNING)  # then Tune's warnings as before
     except (ValueError, ConnectionError, RuntimeError, TimeoutError) as e:
-        where = address or os.environ.get("RAY_ADDRESS") or "a local instance"
+        where = os.environ.get("RAY_ADDRESS") if address is None else address
         message = " ".join(str(e).split())[:200]
         raise StudyError(
             f"could not start or join Ray at {where} ({message}); check --address / $RAY_ADDRESS, "

@@ -87,6 +87,7 @@ __all__ = [
     "list_specs",
     "load_spec",
     "parse_spec",
+    "to_toml",
 ]
 
 SPECS_DIR = Path(__file__).parent / "specs"
@@ -276,7 +277,7 @@ class StudySpec:
             return dataclasses.replace(self, name=new_name)
         header = list(itertools.takewhile(lambda line: line.startswith("#"), self.source.splitlines()))
         header.append(f"# spec {self.name!r} with overrides: {', '.join(changes)}")
-        return parse_spec("\n".join(header) + "\n" + _to_toml(doc), new_name)
+        return parse_spec("\n".join(header) + "\n" + to_toml(doc), new_name)
 
 
 # -- loading ------------------------------------------------------------------------------------
@@ -769,14 +770,15 @@ def _closest(key: str, known: list[str]) -> str | None:
 # -- writing TOML (for overrides) ---------------------------------------------------------------
 
 
-def _to_toml(doc: Mapping[str, Any], prefix: str = "") -> str:
-    """TOML text for a parsed spec document: scalars first, then each table under its header."""
+def to_toml(doc: Mapping[str, Any], prefix: str = "") -> str:
+    """TOML text for a parsed spec document (``tomllib.loads(spec.source)``, edited): scalars
+    first, then each table under its header."""
     lines = [f"{_toml_key(k)} = {_toml_value(v)}" for k, v in doc.items() if not isinstance(v, dict)]
     out = "\n".join(lines) + ("\n" if lines else "")
     for key, value in doc.items():
         if isinstance(value, dict):
             header = f"{prefix}{_toml_key(key)}"
-            body = _to_toml(value, header + ".")
+            body = to_toml(value, header + ".")
             if any(not isinstance(v, dict) for v in value.values()) or not value:
                 out += f"\n[{header}]\n"
             out += body
