@@ -213,8 +213,13 @@ def test_a_lost_node_costs_only_the_work_since_the_last_checkpoint(
             f for f in s3.files(f"{storage}/tune/lost") if f"_{trial_id}_" in f and f.endswith("/result.json")
         )
         lines = [json.loads(x) for x in s3.fs().open_input_stream(result).readall().splitlines()]
-        iterations = [x["iteration"] for x in lines]
-        assert iterations == sorted(set(iterations)), iterations
-        restored = [x for x in lines if x["iterations_since_restore"] < x["training_iteration"]]
-        assert restored and restored[0]["iteration"] > every
+        restart = next(
+            i for i, x in enumerate(lines) if x["iterations_since_restore"] < x["training_iteration"]
+        )
+        before, after = [x["iteration"] for x in lines[:restart]], [x["iteration"] for x in lines[restart:]]
+        assert before == sorted(set(before)) and after == sorted(set(after)), (before, after)
+        assert after[0] > every  # it went on from a checkpoint, it did not start over;
+        # at most the report in flight when the node died is made again: Tune may restart from
+        # the checkpoint before it (seen once: 100, 200, 300, then 300 again from 200's)
+        assert after[0] >= before[-1], (before, after)
     print(f"\ncluster start-up {cluster.startup_s:.1f} s; retries {moved['retries'].tolist()}")
