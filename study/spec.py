@@ -241,6 +241,21 @@ class StudySpec:
             _fail(key, str(exc))
 
     @property
+    def objectives(self) -> tuple[tuple[str, str], ...]:
+        """(metric, mode) pairs the study optimises, the primary first; one for an ASHA study."""
+        return ((self.scheduler.metric, self.scheduler.mode),)
+
+    @property
+    def metric(self) -> str:
+        """The primary objective's metric: what "best trial" means in tables and reports."""
+        return self.objectives[0][0]
+
+    @property
+    def mode(self) -> str:
+        """``"max"`` or ``"min"``: the primary objective's direction."""
+        return self.objectives[0][1]
+
+    @property
     def iterations(self) -> int:
         """The trial budget (ASHA's ``max_t``): ``[config] iterations`` or the task's default."""
         value = self.config.get("iterations", _field_default(self.task, "iterations"))
