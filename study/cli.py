@@ -34,6 +34,7 @@ SUMMARY_COLUMNS = [
     "test/halted_accuracy",
     "test/mean_halting_step",
     "nan_events",
+    "pareto",
 ]
 
 
@@ -195,7 +196,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         else:  # status
             spec, paths = runner.load_study_spec(args.name, storage_arg or DEFAULT_STORAGE)
-            print(summary(paths, spec.scheduler.metric))
+            print(summary(paths, spec.metric))
             return 0
     except SpecError as e:
         _fail(str(e))
@@ -204,7 +205,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except runner.StudyError as e:  # (bound: only the commands after `list` raise it)
         _fail(str(e))
     paths = outcome.paths
-    print(summary(paths, outcome.spec.scheduler.metric))
+    print(summary(paths, outcome.spec.metric))
     if not outcome.finished:
         print(
             f"{PROG}: the study was interrupted before all its trials finished; "

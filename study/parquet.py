@@ -10,7 +10,9 @@
   ``node_ip``, ``node_id``, ``gpu_ids`` (where the last report ran), ``nodes`` (how many
   Ray nodes the trial's reports came from: more than 1 after a retry moved it),
   ``checkpoint_path`` (a URI on remote storage), ``error``, ``retries`` (Tune's restarts of
-  the trial after a failure, each from its last checkpoint);
+  the trial after a failure, each from its last checkpoint); ``pareto``: on the Pareto front
+  of the study's objectives (for a study of one accuracy: accuracy against mean halting step),
+  among the trials that ended with a result;
 - each metric's final value under its metric name (``test/halted_accuracy``,
   ``train/loss``, ...), and ``best/<metric>``: every metric at the report where the study's
   objective was best (``best_iteration`` says which); per-step accuracy and the halting
@@ -20,7 +22,7 @@
 ``report`` (1, 2, ...), ``iteration``, ``outcome``, ``nan_events``, the timings, where it ran
 (``node_ip``, ``node_id``, ``device``, ``gpu_ids``), every metric.
 
-Version 2 added ``node_id`` and ``nodes``; ``ponder-study export NAME`` rewrites an older study.
+Version 2 added ``node_id``, ``nodes`` and ``pareto``; ``ponder-study export NAME`` rewrites an older study.
 
 Metric columns for the canonical evaluation sets (`CANONICAL_SETS`) are in every file, so
 ``pd.read_parquet("results/trials")`` gives all of them for every study (pyarrow takes the
@@ -38,11 +40,13 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from ponder.config import CONFIGS
 from ponder.trainer import SET_LIST_METRICS, SET_METRICS, TIMING_KEYS, TRAIN_METRICS
+from study.pareto import pareto_mask
 from study.trainable import WORST
 
 __all__ = [
@@ -186,8 +190,32 @@ def _objective_key(metric: str, mode: str) -> Any:
     return key
 
 
-def trials_table(records: Sequence[TrialRecord], metric: str, mode: str) -> pa.Table:
-    """One row per trial (see the module docstring for the columns)."""
+def _pareto(rows: Sequence[Mapping[str, Any]], objectives: Sequence[tuple[str, str]]) -> list[bool]:
+    """Which rows are Pareto-optimal on ``objectives`` among the trials that ended with a result
+    (completed or stopped early); a running, diverged or errored trial is never on the front."""
+    eligible = [i for i, r in enumerate(rows) if r["status"] in ("completed", "early_stopped")]
+    marks = [False] * len(rows)
+    if not eligible or not objectives:
+        return marks
+
+    def value(v: Any) -> float:
+        ok = isinstance(v, (int, float)) and math.isfinite(v) and abs(v) < WORST
+        return float(v) if ok else math.nan
+
+    values = np.array([[value(rows[i].get(m)) for m, _ in objectives] for i in eligible])  # [n, k]
+    for i, on_front in zip(eligible, pareto_mask(values, [mode for _, mode in objectives]), strict=True):
+        marks[i] = bool(on_front)
+    return marks
+
+
+def trials_table(
+    records: Sequence[TrialRecord],
+    metric: str,
+    mode: str,
+    front: Sequence[tuple[str, str]] = (),
+) -> pa.Table:
+    """One row per trial (see the module docstring for the columns); ``metric``/``mode`` is the
+    objective "best" means, ``front`` the (metric, mode) pairs of the ``pareto`` column."""
     sets = _sets(records)
     metric_fields = _metric_fields(sets)
     scalar_metric_fields = [f for f in metric_fields if not pa.types.is_list(f.type)]
@@ -209,6 +237,7 @@ def trials_table(records: Sequence[TrialRecord], metric: str, mode: str) -> pa.T
             pa.field("checkpoint_path", pa.string()),
             pa.field("error", pa.string()),
             pa.field("retries", pa.int64()),
+            pa.field("pareto", pa.bool_()),
             *metric_fields,
             pa.field("best_iteration", pa.int64()),
             *(pa.field(f"best/{f.name}", f.type) for f in scalar_metric_fields),
@@ -245,6 +274,8 @@ def trials_table(records: Sequence[TrialRecord], metric: str, mode: str) -> pa.T
         for f in scalar_metric_fields:
             row[f"best/{f.name}"] = best.get(f.name)
         rows.append(row)
+    for row, on_front in zip(rows, _pareto(rows, front), strict=True):
+        row["pareto"] = on_front
     return _table(rows, schema)
 
 

@@ -147,7 +147,8 @@ def write_tables(
             if t.status == Trial.TERMINATED:
                 cache.records[t.trial_id] = rec
         records.append(rec)
-    write_parquet(paths.trials_parquet, trials_table(records, spec.scheduler.metric, spec.scheduler.mode))
+    table = trials_table(records, spec.metric, spec.mode, spec.front_objectives)
+    write_parquet(paths.trials_parquet, table)
     write_parquet(paths.history_parquet, history_table(records))
     return records
 
@@ -210,8 +211,7 @@ class ParquetCallback(Callback):
 def _trainable(spec: StudySpec, paths: StudyPaths) -> Any:
     fn = tune.with_parameters(
         train_trial,
-        objective=spec.scheduler.metric,
-        mode=spec.scheduler.mode,
+        objectives=dict(spec.objectives),
         asha_state=paths.asha,
         ledger=paths.ended,
         threads=max(1, int(spec.resources.cpu)),
@@ -221,8 +221,8 @@ def _trainable(spec: StudySpec, paths: StudyPaths) -> Any:
 
 def _reporter(spec: StudySpec) -> CLIReporter:
     """Tune's progress table, one compact line per trial: the searched fields and the headline metrics."""
-    metric = spec.scheduler.metric
-    columns = {"iteration": "iter", metric: metric, "nan_events": "nan"}
+    metric = spec.metric
+    columns = {"iteration": "iter", **{m: m for m, _ in spec.objectives}, "nan_events": "nan"}
     if metric.endswith("/halted_accuracy"):
         columns[metric.replace("/halted_accuracy", "/mean_halting_step")] = "steps"
     return CLIReporter(
@@ -231,7 +231,7 @@ def _reporter(spec: StudySpec) -> CLIReporter:
         max_report_frequency=15,
         sort_by_metric=True,
         metric=metric,
-        mode=spec.scheduler.mode,
+        mode=spec.mode,
     )
 
 

@@ -101,9 +101,10 @@ def optuna_storage(paths: StudyPaths) -> optuna.storages.JournalStorage:
 
 def make_searcher(spec: StudySpec, paths: StudyPaths) -> ConcurrencyLimiter:
     """Seeded Optuna search whose study lives in a journal file beside the results."""
-    searcher = DivergenceAwareOptunaSearch(
-        metric=spec.scheduler.metric,
-        mode=spec.scheduler.mode,
+    metrics, modes = [m for m, _ in spec.objectives], [mode for _, mode in spec.objectives]
+    searcher = DivergenceAwareOptunaSearch(  # lists: Optuna's multi-objective study
+        metric=metrics if spec.multi_objective else metrics[0],
+        mode=modes if spec.multi_objective else modes[0],
         sampler=_sampler(spec),
         study_name=paths.name,
         paths=paths,
@@ -111,9 +112,12 @@ def make_searcher(spec: StudySpec, paths: StudyPaths) -> ConcurrencyLimiter:
     return ConcurrencyLimiter(searcher, max_concurrent=spec.search.max_concurrent)
 
 
-def make_scheduler(spec: StudySpec, paths: StudyPaths) -> PersistentASHA:
-    """ASHA over training iterations, its rungs persisted in the study's ``asha.json``."""
+def make_scheduler(spec: StudySpec, paths: StudyPaths) -> PersistentASHA | None:
+    """ASHA over training iterations, its rungs persisted in the study's ``asha.json``; None
+    (every trial runs its budget) for a multi-objective study."""
     s = spec.scheduler
+    if s is None:
+        return None
     return PersistentASHA(
         paths.asha,
         time_attr="iteration",

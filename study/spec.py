@@ -39,6 +39,12 @@ same names as the ``ponder.train`` flags and the Parquet columns::
     reduction_factor = 3
     brackets = 1
 
+    # or, instead of [scheduler], two or more objectives: Optuna's multi-objective search, every
+    # trial to its budget (ASHA compares trials on one metric), the Pareto front marked in Parquet
+    [objectives]
+    "test/halted_accuracy" = "max"
+    "test/mean_halting_step" = "min"
+
     [resources]                  # per trial; gpu may be a fraction (0.25: four trials a GPU)
     cpu = 1
     gpu = 0
@@ -107,7 +113,7 @@ _NOT_SEARCHABLE = {
     "eval_interval": "ASHA compares trials at evaluations, which must line up; set it in [config]",
 }
 
-_TABLES = ("config", "space", "search", "scheduler", "resources", "run")
+_TABLES = ("config", "space", "search", "scheduler", "objectives", "resources", "run")
 _TOP_KEYS = ("description", "task", *_TABLES)
 _DIMENSION_KEYS = ("low", "high", "log", "values")
 
@@ -217,11 +223,15 @@ class StudySpec:
     """Fixed config fields by name (``task`` not included), in their field types."""
     space: tuple[Dimension, ...]
     search: SearchSpec
-    scheduler: SchedulerSpec
+    scheduler: SchedulerSpec | None
+    """ASHA; None for a multi-objective study (ASHA compares trials on one metric)."""
     resources: ResourcesSpec
     run: RunSpec
     source: str = field(repr=False)
     """The TOML text the spec was parsed from: saved beside a study so that resuming uses it."""
+    pareto_objectives: tuple[tuple[str, str], ...] = ()
+    """``[objectives]``: (metric, mode) pairs Optuna's multi-objective search trades off; empty
+    for an ASHA study."""
 
     def config_for(self, params: Mapping[str, Any]) -> TaskConfig:
         """The task config of one trial: the fixed fields plus ``params``, one value per dimension."""
@@ -243,7 +253,28 @@ class StudySpec:
     @property
     def objectives(self) -> tuple[tuple[str, str], ...]:
         """(metric, mode) pairs the study optimises, the primary first; one for an ASHA study."""
+        if self.pareto_objectives:
+            return self.pareto_objectives
+        assert self.scheduler is not None  # parse_spec gives a study one or the other
         return ((self.scheduler.metric, self.scheduler.mode),)
+
+    @property
+    def front_objectives(self) -> tuple[tuple[str, str], ...]:
+        """What the trials table's ``pareto`` column trades off: the study's objectives; for a
+        study of one ``<set>/halted_accuracy``, that against the set's mean halting step (the
+        PonderNet question: accuracy for how much thinking)."""
+        if self.multi_objective:
+            return self.objectives
+        metric, mode = self.objectives[0]
+        set_name, _, name = metric.partition("/")
+        if name == "halted_accuracy":
+            return ((metric, mode), (f"{set_name}/mean_halting_step", "min"))
+        return self.objectives
+
+    @property
+    def multi_objective(self) -> bool:
+        """Whether Optuna searches a Pareto front (no ASHA) rather than one best value."""
+        return len(self.objectives) > 1
 
     @property
     def metric(self) -> str:
@@ -355,7 +386,16 @@ def parse_spec(text: str, name: str, *, origin: str | None = None) -> StudySpec:
     space = _parse_space(tables["space"], fixed, kinds)
     set_names = _check_corners(task, fixed, space)
     search = _parse_search(tables["search"])
-    scheduler = _parse_scheduler(tables["scheduler"], task, set_names, iterations, eval_interval)
+    objectives = _parse_objectives(tables["objectives"], task, set_names)
+    if objectives and "scheduler" in doc:
+        _fail(
+            "scheduler",
+            "ASHA compares trials on one metric, and [objectives] asks for several: a multi-objective "
+            "study runs every trial to its budget; remove [scheduler] (or [objectives])",
+        )
+    scheduler = None
+    if not objectives:
+        scheduler = _parse_scheduler(tables["scheduler"], task, set_names, iterations, eval_interval)
     resources = _parse_resources(tables["resources"])
     run = _parse_run(tables["run"])
     device = fixed.get("device", "auto")
@@ -376,6 +416,7 @@ def parse_spec(text: str, name: str, *, origin: str | None = None) -> StudySpec:
         resources=resources,
         run=run,
         source=text,
+        pareto_objectives=objectives,
     )
 
 
@@ -555,21 +596,18 @@ def _parse_search(table: dict[str, Any]) -> SearchSpec:
 _MODE_OF = {"halted_accuracy": "max", "loss": "min", "loss_rec": "min"}
 
 
-def _parse_scheduler(
-    table: dict[str, Any], task: str, sets: list[str], iterations: int, eval_interval: int
-) -> SchedulerSpec:
-    _check_keys(table, [f.name for f in dataclasses.fields(SchedulerSpec)], "scheduler")
-    default = SchedulerSpec()
-    metric = table.get("metric", default.metric)
+def _check_metric(metric: Any, key: str, task: str, sets: list[str]) -> None:
+    """``metric`` is a number every trial reports: ``<set>/<metric>`` of an evaluation set the
+    config has at every point of the space, or ``train/<metric>``."""
     if not isinstance(metric, str):
-        _fail("scheduler.metric", f'must be a string like "test/halted_accuracy", got {metric!r}')
+        _fail(key, f'must be a string like "test/halted_accuracy", got {metric!r}')
     reported = [f"{s}/{m}" for s in sets for m in SET_METRICS] + [f"train/{m}" for m in TRAIN_METRICS]
     if metric not in reported:
         set_name, _, m = metric.partition("/")
         close = difflib.get_close_matches(metric, reported, n=1)
         hint = f"did you mean {close[0]!r}? " if close else ""
         if m in SET_LIST_METRICS:
-            why = f"{metric!r} is a per-step list, not a number ASHA can compare"
+            why = f"{metric!r} is a per-step list, not a number trials can be compared on"
         elif set_name == "train":
             why = f"{metric!r} is not reported; training metrics: train/{', train/'.join(TRAIN_METRICS)}"
         elif set_name not in sets:
@@ -579,13 +617,43 @@ def _parse_scheduler(
             )
         else:
             why = f"{metric!r} is not reported; per-set metrics: {', '.join(SET_METRICS)}"
-        _fail("scheduler.metric", f"{why}; {hint}".rstrip("; "))
-    mode = table.get("mode", default.mode)
+        _fail(key, f"{why}; {hint}".rstrip("; "))
+
+
+def _check_mode(mode: Any, metric: str, key: str) -> None:
     if mode not in ("max", "min"):
-        _fail("scheduler.mode", f'must be "max" or "min", got {mode!r}')
+        _fail(key, f'must be "max" or "min", got {mode!r}')
     want = _MODE_OF.get(metric.partition("/")[2])
     if want is not None and mode != want:
-        _fail("scheduler.mode", f'mode = "{mode}" would keep the worst {metric}; use mode = "{want}"')
+        _fail(key, f'mode = "{mode}" would keep the worst {metric}; use mode = "{want}"')
+
+
+def _parse_objectives(table: dict[str, Any], task: str, sets: list[str]) -> tuple[tuple[str, str], ...]:
+    """``[objectives]``: ``"<metric>" = "max" | "min"``, two or more, the primary first."""
+    if not table:
+        return ()
+    for metric, mode in table.items():
+        key = f'objectives."{metric}"'
+        _check_metric(metric, key, task, sets)
+        _check_mode(mode, metric, key)
+    if len(table) < 2:
+        _fail(
+            "objectives",
+            "one objective is a single-objective study: set it as [scheduler] metric and mode (with "
+            'ASHA), or add another, e.g. "test/mean_halting_step" = "min"',
+        )
+    return tuple((metric, mode) for metric, mode in table.items())
+
+
+def _parse_scheduler(
+    table: dict[str, Any], task: str, sets: list[str], iterations: int, eval_interval: int
+) -> SchedulerSpec:
+    _check_keys(table, [f.name for f in dataclasses.fields(SchedulerSpec)], "scheduler")
+    default = SchedulerSpec()
+    metric = table.get("metric", default.metric)
+    _check_metric(metric, "scheduler.metric", task, sets)
+    mode = table.get("mode", default.mode)
+    _check_mode(mode, metric, "scheduler.mode")
     if "grace_period" in table:
         grace = _positive_int(table["grace_period"], "scheduler.grace_period", "grace_period")
     else:  # a quarter of the budget, on the evaluation grid

@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 import os
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -62,8 +63,9 @@ def fault_iteration() -> int | None:
     return int(at)
 
 
-def tune_metrics(metrics: Metrics, objective: str, mode: str) -> dict[str, Any]:
-    """What Tune receives: ``metrics`` without non-finite numbers, and always a finite objective."""
+def tune_metrics(metrics: Metrics, objectives: Mapping[str, str]) -> dict[str, Any]:
+    """What Tune receives: ``metrics`` without non-finite numbers, and always a finite value for
+    each objective (``{metric: "max" | "min"}``)."""
     out: dict[str, Any] = {}
     for key, value in metrics.items():
         if isinstance(value, float) and not math.isfinite(value):
@@ -71,8 +73,9 @@ def tune_metrics(metrics: Metrics, objective: str, mode: str) -> dict[str, Any]:
         if isinstance(value, list):
             value = [v if math.isfinite(v) else None for v in value]
         out[key] = value
-    if objective not in out:
-        out[objective] = -WORST if mode == "max" else WORST
+    for objective, mode in objectives.items():
+        if objective not in out:
+            out[objective] = -WORST if mode == "max" else WORST
     return out
 
 
@@ -83,7 +86,12 @@ def _device_label(trainer: Trainer) -> str:
 
 
 def train_trial(
-    config: dict[str, Any], *, objective: str, mode: str, asha_state: str, ledger: str, threads: int
+    config: dict[str, Any],
+    *,
+    objectives: Mapping[str, str],
+    asha_state: str,
+    ledger: str,
+    threads: int,
 ) -> None:
     """Train one trial, resuming from Tune's checkpoint when there is one.
 
@@ -114,7 +122,7 @@ def train_trial(
         with tempfile.TemporaryDirectory() as d:
             trainer.save(Path(d) / CHECKPOINT_FILE)
             tune.report(
-                {**tune_metrics(metrics, objective, mode), **where},
+                {**tune_metrics(metrics, objectives), **where},
                 checkpoint=tune.Checkpoint.from_directory(d),
             )
         if fault is not None and started_at < fault <= trainer.iteration:  # a retry starts past it

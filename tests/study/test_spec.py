@@ -21,7 +21,7 @@ from study.spec import (
     parse_spec,
 )
 
-SHIPPED = ["mnist", "mnist-rotation", "parity", "parity-extrapolation", "parity-smoke"]
+SHIPPED = ["mnist", "mnist-rotation", "parity", "parity-extrapolation", "parity-pareto", "parity-smoke"]
 
 # a small valid spec in parts; a bad case replaces one part
 PARTS = {
@@ -30,6 +30,7 @@ PARTS = {
     "space": "[space.lambda_p]\nlow = 0.1\nhigh = 0.9\n[space.max_steps]\nlow = 2\nhigh = 6",
     "search": "",
     "scheduler": "[scheduler]\ngrace_period = 20",
+    "objectives": "",
     "resources": "",
     "run": "",
 }
@@ -65,8 +66,11 @@ def test_a_shipped_spec_loads_and_every_corner_is_a_valid_config(name: str) -> N
     assert spec.description and "\n" not in spec.description
     assert spec.source == (SPECS_DIR / f"{name}.toml").read_text()
     assert spec.source.startswith("# "), "each spec starts with the question it answers"
-    assert spec.scheduler.grace_period <= spec.iterations
-    assert spec.scheduler.grace_period % spec.eval_interval == 0
+    if spec.scheduler is None:  # a multi-objective study: no ASHA
+        assert spec.multi_objective
+    else:
+        assert spec.scheduler.grace_period <= spec.iterations
+        assert spec.scheduler.grace_period % spec.eval_interval == 0
     for params in corners(spec):
         config = spec.config_for(params)
         assert isinstance(config, CONFIGS[spec.task])
@@ -79,11 +83,12 @@ def test_a_shipped_spec_survives_an_override_round_trip(name: str) -> None:
     more = spec.with_overrides(num_samples=spec.search.num_samples + 1, storage="s3://bucket/studies")
     assert more.search.num_samples == spec.search.num_samples + 1
     assert more.run.storage == "s3://bucket/studies"
-    assert (more.task, more.config, more.space, more.scheduler) == (
+    assert (more.task, more.config, more.space, more.scheduler, more.objectives) == (
         spec.task,
         spec.config,
         spec.space,
         spec.scheduler,
+        spec.objectives,
     )
     # the rewritten source is what a resumed study parses: it must give the same spec back
     assert parse_spec(more.source, more.name) == more
@@ -94,7 +99,7 @@ def test_the_default_study_is_sized_for_two_cores() -> None:
     assert spec.task == "parity"
     assert spec.resources.cpu * spec.search.max_concurrent <= 2
     assert spec.resources.gpu == 0
-    assert spec.scheduler.metric == "test/halted_accuracy"
+    assert spec.scheduler is not None and spec.scheduler.metric == "test/halted_accuracy"
     assert {d.name for d in spec.space} == {"lambda_p", "beta", "max_steps"}
 
 
@@ -159,6 +164,7 @@ def test_iterations_default_to_the_dataclass_and_grace_to_a_quarter_on_the_grid(
 
 
 # -- bad specs -----------------------------------------------------------------------------------
+ACC_MAX, STEPS_MIN = '"test/halted_accuracy" = "max"', '"test/mean_halting_step" = "min"'
 
 BAD = [
     # (id, parts, key the message must start with, a phrase it must contain)
@@ -359,6 +365,42 @@ BAD = [
     ("storage-empty", {"run": "[run]\nstorage = ''"}, "run.storage", "non-empty"),
     ("failures-negative", {"run": "[run]\nmax_failures = -1"}, "run.max_failures", ">= 0"),
     ("table-not-a-table", {"top": 'task = "parity"\nrun = 3'}, "run", "must be a table"),
+    (
+        "objectives-with-asha",
+        {"objectives": f"[objectives]\n{ACC_MAX}\n{STEPS_MIN}"},
+        "scheduler",
+        "ASHA compares trials on one metric",
+    ),
+    (
+        "objectives-only-one",
+        {"scheduler": "", "objectives": f"[objectives]\n{ACC_MAX}"},
+        "objectives",
+        "single-objective",
+    ),
+    (
+        "objectives-unknown-metric",
+        {"scheduler": "", "objectives": f'[objectives]\n"test/halted_acc" = "max"\n{STEPS_MIN}'},
+        'objectives."test/halted_acc"',
+        "did you mean 'test/halted_accuracy'",
+    ),
+    (
+        "objectives-worst-direction",
+        {"scheduler": "", "objectives": f'[objectives]\n"test/halted_accuracy" = "min"\n{STEPS_MIN}'},
+        'objectives."test/halted_accuracy"',
+        'use mode = "max"',
+    ),
+    (
+        "objectives-bad-mode",
+        {"scheduler": "", "objectives": f'[objectives]\n{ACC_MAX}\n"test/mean_halting_step" = "less"'},
+        'objectives."test/mean_halting_step"',
+        '"max" or "min"',
+    ),
+    (
+        "objectives-list-metric",
+        {"scheduler": "", "objectives": f'[objectives]\n{ACC_MAX}\n"test/per_step_accuracy" = "max"'},
+        'objectives."test/per_step_accuracy"',
+        "per-step list",
+    ),
 ]
 
 
@@ -505,3 +547,22 @@ def test_every_sampler_a_spec_accepts_is_built(sampler: str, tmp_path: Path) -> 
     assert f'sampler = "{sampler}"' in text
     searcher = make_searcher(parse_spec(text, "parity-smoke"), StudyPaths(str(tmp_path), "x"))
     assert searcher.searcher._sampler.__class__.__name__.lower().startswith(sampler[:2])
+
+
+def test_a_multi_objective_spec_has_no_asha_and_a_front_of_its_objectives() -> None:
+    spec = parse_spec(make(scheduler="", objectives=f"[objectives]\n{ACC_MAX}\n{STEPS_MIN}"), "pareto")
+    assert spec.scheduler is None and spec.multi_objective
+    assert spec.objectives == (("test/halted_accuracy", "max"), ("test/mean_halting_step", "min"))
+    assert (spec.metric, spec.mode) == ("test/halted_accuracy", "max")  # the primary: "best" in tables
+    assert spec.front_objectives == spec.objectives
+    again = spec.with_overrides(name="again", num_samples=3)  # the objectives survive a rewrite
+    assert again.objectives == spec.objectives and again.scheduler is None
+
+
+def test_a_single_accuracy_objective_is_traded_against_its_sets_thinking_time() -> None:
+    spec = parse_spec(make(), "asha")
+    assert not spec.multi_objective and spec.scheduler is not None
+    assert spec.front_objectives == (("test/halted_accuracy", "max"), ("test/mean_halting_step", "min"))
+    scheduler = '[scheduler]\nmetric = "test/loss"\nmode = "min"\ngrace_period = 20'
+    loss = parse_spec(make(scheduler=scheduler), "l")
+    assert loss.front_objectives == (("test/loss", "min"),)
