@@ -1,0 +1,246 @@
+"""The study report: six real PNGs and a self-contained index, for a real study and for thin ones."""
+
+from __future__ import annotations
+
+import math
+import shutil
+from html.parser import HTMLParser
+from pathlib import Path
+from typing import Any
+
+import matplotlib.image
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pytest
+
+from study.report import PLOTS, Report, ReportError, pareto_front, ranked_trials, write_report
+from study.spec import SPECS_DIR
+from study.storage import StudyPaths, write_bytes, write_parquet
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+SIX = ("sensitivity", "pareto", "halting_distribution", "per_step_accuracy", "learning_curves", "asha")
+
+
+class _Index(HTMLParser):
+    """What the tests read from index.html: images, every link, the summary's text, no-data notes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.images: list[str] = []
+        self.alts: list[str] = []
+        self.links: list[str] = []
+        self.summary = ""
+        self.nodata: list[str] = []
+        self._section: str | None = None
+        self._in_nodata = False
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        a = dict(attrs)
+        if tag == "img":
+            self.images.append(a.get("src") or "")
+            self.alts.append(a.get("alt") or "")
+        self.links += [v for k, v in attrs if k in ("src", "href") and v]
+        if tag == "section":
+            self._section = a.get("id")
+        if tag == "p" and a.get("class") == "nodata":
+            self._in_nodata = True
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "section":
+            self._section = None
+        if tag == "p":
+            self._in_nodata = False
+
+    def handle_data(self, data: str) -> None:
+        if self._section == "summary":
+            self.summary += data
+        if self._in_nodata:
+            self.nodata.append(data)
+
+
+def _check(report: Report) -> _Index:
+    """Six readable PNGs, an index that shows each of them by a relative link and nothing remote."""
+    directory = Path(report.directory)
+    assert tuple(report.plots) == SIX == PLOTS
+    for key, path in report.plots.items():
+        png = Path(path)
+        assert png == directory / f"{key}.png"
+        data = png.read_bytes()
+        assert data[:8] == PNG_MAGIC, key
+        image = matplotlib.image.imread(png)
+        height, width = image.shape[:2]
+        assert width > 100 and height > 100, (key, image.shape)
+        assert image.std() > 0, f"{key} is blank"
+    assert Path(report.index) == directory / "index.html"
+    text = Path(report.index).read_text(encoding="utf-8")
+    index = _Index()
+    index.feed(text)
+    assert index.images == [f"{key}.png" for key in SIX]
+    assert all(alt for alt in index.alts)
+    assert all((directory / link).is_file() for link in index.links), index.links  # relative, movable
+    assert "http://" not in text and "https://" not in text
+    assert "<script" not in text and "<link" not in text
+    assert not list(directory.glob(".*.tmp"))
+    return index
+
+
+def _best_trial(storage: Path, name: str, metric: str = "test/halted_accuracy") -> str:
+    """The best trial as the report defines it, computed here with pandas from the Parquet."""
+    df = pd.read_parquet(storage / "trials" / f"study={name}")
+    ended = df[df["status"].isin(["completed", "early_stopped"]) & df[metric].notna()]
+    return str(ended.sort_values([metric, "trial_id"], ascending=[False, True]).iloc[0]["trial_id"])
+
+
+@pytest.mark.slow
+def test_the_smoke_study_gets_six_plots_and_an_index(smoke: tuple[Path, Any], tmp_path: Path) -> None:
+    storage, _ = smoke
+    report = write_report("parity-smoke", str(storage), out=str(tmp_path / "report"))
+    index = _check(report)
+    assert index.nodata == []  # parity: easy and hard sets, several trials, history, ASHA's rungs
+    best = _best_trial(storage, "parity-smoke")
+    assert f"Best trial: {best} " in index.summary
+    assert "Trials: 6 (" in index.summary
+
+
+@pytest.mark.slow
+def test_the_default_directory_is_under_the_storage(smoke: tuple[Path, Any], tmp_path: Path) -> None:
+    storage = tmp_path / "storage"
+    for part in ("studies", "trials", "history"):  # not the Tune experiment: the report needs none
+        shutil.copytree(smoke[0] / part, storage / part)
+    report = write_report("parity-smoke", str(storage))
+    assert Path(report.directory) == storage / "reports" / "parity-smoke"
+    _check(report)
+    again = write_report("parity-smoke", str(storage))  # over an older report: replaced file by file
+    assert again == report
+    _check(again)
+
+
+def test_an_unknown_study_is_a_one_line_error(tmp_path: Path) -> None:
+    with pytest.raises(ReportError) as info:
+        write_report("no-such-study", str(tmp_path))
+    message = str(info.value)
+    assert "\n" not in message
+    assert "'no-such-study'" in message and "ponder-study list" in message
+    assert not (tmp_path / "reports").exists()
+
+
+def test_a_study_without_parquet_says_how_to_get_it(tmp_path: Path) -> None:
+    paths = StudyPaths(str(tmp_path), "early")
+    write_bytes(paths.spec, (SPECS_DIR / "parity-smoke.toml").read_bytes())
+    with pytest.raises(ReportError, match=r"no trials Parquet yet.*ponder-study export early") as info:
+        write_report("early", str(tmp_path))
+    assert "\n" not in str(info.value)
+
+
+def test_ranking_keeps_ended_trials_with_a_value_best_first() -> None:
+    trials = pd.DataFrame(
+        {
+            "trial_id": ["a", "b", "c", "d", "e"],
+            "status": ["completed", "early_stopped", "diverged", "completed", "running"],
+            "test/loss": [0.3, 0.2, 0.01, 0.2, 0.0],
+        }
+    )
+    assert list(ranked_trials(trials, "test/loss", "min")["trial_id"]) == ["b", "d", "a"]  # tie: by id
+    assert list(ranked_trials(trials, "test/loss", "max")["trial_id"]) == ["a", "b", "d"]
+    assert ranked_trials(trials, "test/halted_accuracy", "max").empty
+
+
+def test_the_pareto_plot_marks_the_undominated_ended_trials() -> None:
+    acc, steps = "test/halted_accuracy", "test/mean_halting_step"
+    trials = pd.DataFrame(
+        {
+            "trial_id": list("abcdef"),
+            "status": ["completed", "early_stopped", "completed", "diverged", "completed", "running"],
+            acc: [0.90, 0.80, 0.85, 0.95, math.nan, 0.99],
+            steps: [3.0, 2.0, 4.0, 1.0, 1.0, 1.0],
+        }
+    )
+    # c is beaten by a; d (diverged), e (no accuracy) and f (running) are not candidates
+    assert pareto_front(trials, acc, steps).tolist() == [True, True, False, False, False, False]
+    # a multi-objective study's table says which trials are on its front: those are marked
+    marked = trials.assign(pareto=[False, True, None, True, False, False])
+    assert pareto_front(marked, acc, steps).tolist() == [False, True, False, True, False, False]
+    # a column with no values says nothing: the front is computed
+    unmarked = trials.assign(pareto=pd.Series([None] * 6, dtype=object))
+    assert pareto_front(unmarked, acc, steps).tolist() == [True, True, False, False, False, False]
+    assert pareto_front(trials.iloc[:0], acc, steps).tolist() == []
+
+
+def _mnist_study(storage: Path, name: str, n_trials: int) -> None:
+    """An MNIST-like study written by hand through the Parquet contract: no easy/hard sets, no
+    asha.json, ``n_trials`` trials (the first completed, the others stopped after two reports)."""
+    from study.parquet import TrialRecord, history_table, trials_table  # imports Ray: only here
+
+    spec_text = (SPECS_DIR / "mnist.toml").read_text()
+    paths = StudyPaths(str(storage), name)
+    write_bytes(paths.spec, spec_text.encode())
+    records = []
+    for i in range(n_trials):
+        max_steps = 4 + i
+        lambda_p = [0.2, 0.5, 0.2][i % 3]  # two trials share a lambda_p: a mean and a spread
+        reports = 8 if i == 0 else 2
+        history = []
+        for r in range(1, reports + 1):
+            acc = 0.5 + 0.05 * r - 0.03 * i
+            p = np.full(max_steps, 1.0 / max_steps)
+            history.append(
+                {
+                    "iteration": 200 * r,
+                    "outcome": "completed" if r == 8 else "running",
+                    "nan_events": 0,
+                    "time_total_s": float(r),
+                    "test/halted_accuracy": acc,
+                    "test/mean_halting_step": 1.5 + i / 2,
+                    "test/per_step_accuracy": [acc - 0.01 * k for k in range(max_steps)],
+                    "test/halting_distribution": p.tolist(),
+                }
+            )
+        config = {
+            "task": "mnist",
+            "lambda_p": lambda_p,
+            "beta": 0.01,
+            "max_steps": max_steps,
+            "iterations": 1600,
+            "eval_interval": 200,
+        }
+        records.append(TrialRecord(f"t{i}", "TERMINATED", config, history, stopped_early=i > 0, ended=True))
+    write_parquet(paths.trials_parquet, trials_table(records, "test/halted_accuracy", "max"))
+    write_parquet(paths.history_parquet, history_table(records))
+
+
+def test_a_study_without_easy_and_hard_sets_gets_all_six(tmp_path: Path) -> None:
+    _mnist_study(tmp_path, "digits", n_trials=3)
+    trials = pd.read_parquet(tmp_path / "trials" / "study=digits")
+    assert trials["easy/halting_distribution"].isna().all()  # the columns are there, empty
+    report = write_report("digits", str(tmp_path), out=str(tmp_path / "report"))
+    index = _check(report)
+    assert index.nodata == []  # the test set stands in for easy and hard; no asha.json: no rungs
+    assert "Best trial: t0 " in index.summary
+
+
+def test_a_thin_study_gets_placeholders_not_missing_files(tmp_path: Path) -> None:
+    # one trial, no easy/hard/extrapolation/rotation columns at all, no prior_tail, no history
+    _mnist_study(tmp_path, "thin", n_trials=1)
+    paths = StudyPaths(str(tmp_path), "thin")
+    table = pd.read_parquet(paths.trials_parquet)
+    keep = [c for c in table.columns if c.split("/")[0] in ("test", "train", "best") or "/" not in c]
+    table = table[keep].drop(columns=["prior_tail"])
+    write_parquet(paths.trials_parquet, pa.Table.from_pandas(table, preserve_index=False))
+    Path(paths.history_parquet).unlink()
+    report = write_report("thin", str(tmp_path), out=str(tmp_path / "report"))
+    index = _check(report)
+    assert len(index.nodata) == 1 and "history" in index.nodata[0]  # the learning curves
+    assert "Best trial: t0 " in index.summary
+
+
+def test_a_study_with_no_ended_trial_yet_still_gets_all_six(tmp_path: Path) -> None:
+    _mnist_study(tmp_path, "young", n_trials=2)
+    paths = StudyPaths(str(tmp_path), "young")
+    table = pd.read_parquet(paths.trials_parquet).assign(status="running")
+    write_parquet(paths.trials_parquet, pa.Table.from_pandas(table, preserve_index=False))
+    report = write_report("young", str(tmp_path), out=str(tmp_path / "report"))
+    index = _check(report)
+    # nothing ended: no best trial, so no halting distribution or per-step accuracy to show
+    assert len(index.nodata) == 2 and all("completed or early-stopped" in n for n in index.nodata)
+    assert "Best trial: no completed or early-stopped trial" in index.summary
