@@ -119,6 +119,29 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("name", help="the study's name")
     storage(export)
 
+    report = sub.add_parser(
+        "report",
+        help="plots of a study: PNGs and an index.html",
+        description="Write a study's plots (sensitivity to lambda_p, accuracy against thinking time with "
+        "the Pareto front, the best trial's halting distribution against the geometric prior, per-step "
+        "accuracy, learning curves, how far ASHA let each trial run) as PNGs and one index.html.",
+    )
+    report.add_argument("name", help="the study's name")
+    storage(report)
+    report.add_argument("--out", help="the report's directory (default: <storage>/reports/<name>)")
+
+    evaluate = sub.add_parser(
+        "evaluate",
+        help="evaluate a trial's checkpoint with early exit",
+        description="Load a trial's last checkpoint (weights only) and evaluate it on the task's "
+        "evaluation sets with real early exit (the step function runs until every sample has halted); "
+        "print accuracy, mean halting step and wall time against the full unroll of max_steps.",
+    )
+    evaluate.add_argument("name", help="the study's name")
+    evaluate.add_argument("--trial", help="a trial id (default: the study's best trial)")
+    evaluate.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default: cpu)")
+    storage(evaluate)
+
     lst = sub.add_parser(
         "list", help="the shipped specs and the studies under --storage", description="List."
     )
@@ -173,6 +196,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "list":
             print(_list(storage_arg or DEFAULT_STORAGE))
+            return 0
+        if args.command == "report":
+            from study.report import ReportError, write_report
+
+            try:
+                written = write_report(args.name, storage_arg or DEFAULT_STORAGE, out=args.out)
+            except ReportError as e:
+                _fail(str(e))
+            print(f"wrote {len(written.plots)} plots and {written.index}")
+            return 0
+        if args.command == "evaluate":
+            from study.evaluate import EvaluateError, evaluate_trial, format_evaluation
+
+            try:
+                result = evaluate_trial(
+                    args.name, storage_arg or DEFAULT_STORAGE, args.trial, device=args.device
+                )
+            except EvaluateError as e:
+                _fail(str(e))
+            print(format_evaluation(result))
             return 0
         from study import runner  # imports Ray: only for the commands that need it
 

@@ -1,0 +1,71 @@
+"""The README's Parquet recipes, run as they stand against a study the CLI generates."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+
+from tests.study.conftest import REPO
+
+pytestmark = pytest.mark.slow
+README = (REPO / "README.md").read_text()
+
+
+def _blocks(language: str) -> list[str]:
+    recipes = README.split("<!-- recipes -->", 1)[1].split("<!-- /recipes -->", 1)[0]
+    return re.findall(rf"```{language}\n(.*?)```", recipes, flags=re.S)
+
+
+@pytest.fixture
+def in_results(smoke: tuple[Path, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> pd.DataFrame:
+    """A working directory whose ``results/`` is the smoke study's storage; its trials table."""
+    storage, _ = smoke
+    (tmp_path / "results").symlink_to(storage, target_is_directory=True)
+    monkeypatch.chdir(tmp_path)
+    return pd.read_parquet(storage / "trials")
+
+
+def test_the_recipes_are_there() -> None:
+    assert len(_blocks("python")) == 1 and len(_blocks("sh")) == 1
+
+
+def test_the_pandas_recipes_answer_their_questions(in_results: pd.DataFrame) -> None:
+    trials = in_results
+    acc = "test/halted_accuracy"
+    ns: dict[str, Any] = {}
+    exec(compile(_blocks("python")[0], "README.md", "exec"), ns)
+
+    top = ns["top"]
+    assert len(top) == min(5, len(trials)) and top[acc].iloc[0] == trials[acc].max()
+    assert top[acc].is_monotonic_decreasing
+
+    by_lambda = ns["by_lambda"]
+    finished = trials["status"].isin(["completed", "early_stopped"])
+    assert by_lambda[(acc, "count")].sum() == finished.sum()
+    assert by_lambda[(acc, "max")].max() == trials.loc[finished, acc].max()
+
+    curves = ns["curves"]
+    history = pd.read_parquet("results/history")
+    assert len(curves) == len(history) and curves["lambda_p"].notna().all()
+
+    front = ns["front"]
+    assert 1 <= len(front) <= len(trials)
+    assert set(front["trial_id"]) == set(trials.loc[trials["pareto"], "trial_id"])
+    best = trials.loc[trials[acc].idxmax()]  # the most accurate trial is on the front (ties: one of them)
+    assert (front[acc] == best[acc]).any()
+
+
+def test_the_duckdb_line_gives_the_same_pareto_set(in_results: pd.DataFrame) -> None:
+    (line,) = [ln for ln in _blocks("sh")[0].splitlines() if ln.startswith("python ")]
+    command = f"{sys.executable} {line.removeprefix('python ')}"
+    done = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    front = in_results.loc[in_results["pareto"], "trial_id"]
+    shown = set(re.findall(r"\b[0-9a-f]{5}_\d{5}\b", done.stdout))
+    assert shown == set(front), done.stdout
