@@ -44,6 +44,8 @@ def _sampler(spec: StudySpec) -> optuna.samplers.BaseSampler:
         return optuna.samplers.QMCSampler(seed=seed)
     if kind == "gp":
         return optuna.samplers.GPSampler(seed=seed)
+    if kind == "grid":  # every combination of the listed values, once (the spec sized num_samples)
+        return optuna.samplers.GridSampler({d.name: list(d.values or ()) for d in spec.space}, seed=seed)
     if kind == "cmaes":  # the spec refuses it unless the cmaes package is installed
         return optuna.samplers.CmaEsSampler(seed=seed)
     raise ValueError(f"unknown sampler {kind!r}")

@@ -26,7 +26,7 @@ same names as the ``ponder.train`` flags and the Parquet columns::
     [space.kl_direction]         # ... or a list of values (categorical)
     values = ["forward", "reverse"]
 
-    [search]                     # sampler = tpe | random | cmaes | qmc
+    [search]                     # sampler = tpe | random | qmc | gp | cmaes | grid (values only)
     sampler = "tpe"
     seed = 0
     num_samples = 8
@@ -99,7 +99,7 @@ __all__ = [
 SPECS_DIR = Path(__file__).parent / "specs"
 """Where the shipped specs live, one ``<name>.toml`` each."""
 
-SAMPLERS = ("tpe", "random", "qmc", "gp", "cmaes")
+SAMPLERS = ("tpe", "random", "qmc", "gp", "cmaes", "grid")
 """Optuna samplers a spec may name."""
 
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
@@ -386,6 +386,8 @@ def parse_spec(text: str, name: str, *, origin: str | None = None) -> StudySpec:
     space = _parse_space(tables["space"], fixed, kinds)
     set_names = _check_corners(task, fixed, space)
     search = _parse_search(tables["search"])
+    if search.sampler == "grid":  # every point once: the size of the grid is the trial count
+        search = _grid_search(search, space, given="num_samples" in tables["search"])
     objectives = _parse_objectives(tables["objectives"], task, set_names)
     if objectives and "scheduler" in doc:
         _fail(
@@ -590,6 +592,20 @@ def _parse_search(table: dict[str, Any]) -> SearchSpec:
         table.get("max_concurrent", default.max_concurrent), "search.max_concurrent", "max_concurrent"
     )
     return SearchSpec(sampler=sampler, seed=seed, num_samples=num_samples, max_concurrent=max_concurrent)
+
+
+def _grid_search(search: SearchSpec, space: tuple[Dimension, ...], given: bool) -> SearchSpec:
+    ranges = [d.name for d in space if d.values is None]
+    if ranges:
+        _fail(
+            f"space.{ranges[0]}",
+            "the grid sampler tries listed values: give every searched field values = [...] "
+            '(or use sampler = "tpe" for a range)',
+        )
+    size = math.prod(len(d.values or ()) for d in space)
+    if given and search.num_samples != size:
+        _fail("search.num_samples", f"the grid has {size} points; set num_samples = {size}, or leave it out")
+    return dataclasses.replace(search, num_samples=size)
 
 
 # the direction a metric is always optimised in: the other would keep the worst trials

@@ -21,7 +21,15 @@ from study.spec import (
     parse_spec,
 )
 
-SHIPPED = ["mnist", "mnist-rotation", "parity", "parity-extrapolation", "parity-pareto", "parity-smoke"]
+SHIPPED = [
+    "mnist",
+    "mnist-rotation",
+    "parity",
+    "parity-extrapolation",
+    "parity-lambda-grid",
+    "parity-pareto",
+    "parity-smoke",
+]
 
 # a small valid spec in parts; a bad case replaces one part
 PARTS = {
@@ -80,8 +88,9 @@ def test_a_shipped_spec_loads_and_every_corner_is_a_valid_config(name: str) -> N
 @pytest.mark.parametrize("name", SHIPPED)
 def test_a_shipped_spec_survives_an_override_round_trip(name: str) -> None:
     spec = load_spec(name)
-    more = spec.with_overrides(num_samples=spec.search.num_samples + 1, storage="s3://bucket/studies")
-    assert more.search.num_samples == spec.search.num_samples + 1
+    n = spec.search.num_samples + (0 if spec.search.sampler == "grid" else 1)  # a grid's size is fixed
+    more = spec.with_overrides(num_samples=n, storage="s3://bucket/studies")
+    assert more.search.num_samples == n
     assert more.run.storage == "s3://bucket/studies"
     assert (more.task, more.config, more.space, more.scheduler, more.objectives) == (
         spec.task,
@@ -303,7 +312,7 @@ BAD = [
         "config.n_nonzero_max",
         "at n_elems=4",
     ),
-    ("search-sampler", {"search": "[search]\nsampler = 'grid'"}, "search.sampler", "tpe, random, qmc, gp"),
+    ("search-sampler", {"search": "[search]\nsampler = 'bayes'"}, "search.sampler", "tpe, random, qmc, gp"),
     ("search-no-samples", {"search": "[search]\nnum_samples = 0"}, "search.num_samples", ">= 1"),
     ("search-no-concurrency", {"search": "[search]\nmax_concurrent = 0"}, "search.max_concurrent", ">= 1"),
     ("search-seed-string", {"search": "[search]\nseed = 'x'"}, "search.seed", "integer"),
@@ -536,14 +545,14 @@ def test_a_sampler_needs_its_package() -> None:
     assert parse_spec(make(search="[search]\nsampler = 'random'"), "random").search.sampler == "random"
 
 
-@pytest.mark.parametrize("sampler", ["tpe", "random", "qmc", "gp"])
+@pytest.mark.parametrize("sampler", ["tpe", "random", "qmc", "gp", "grid"])
 def test_every_sampler_a_spec_accepts_is_built(sampler: str, tmp_path: Path) -> None:
     """What the spec lets through, `study.search` can build (real Optuna samplers)."""
     from study.search import make_searcher  # imports Ray: only here
     from study.storage import StudyPaths
 
-    spec = load_spec("parity-smoke")
-    text = spec.source.replace('sampler = "tpe"', f'sampler = "{sampler}"')
+    spec = load_spec("parity-lambda-grid" if sampler == "grid" else "parity-smoke")
+    text = spec.source.replace(f'sampler = "{spec.search.sampler}"', f'sampler = "{sampler}"')
     assert f'sampler = "{sampler}"' in text
     searcher = make_searcher(parse_spec(text, "parity-smoke"), StudyPaths(str(tmp_path), "x"))
     assert searcher.searcher._sampler.__class__.__name__.lower().startswith(sampler[:2])
@@ -566,3 +575,26 @@ def test_a_single_accuracy_objective_is_traded_against_its_sets_thinking_time() 
     scheduler = '[scheduler]\nmetric = "test/loss"\nmode = "min"\ngrace_period = 20'
     loss = parse_spec(make(scheduler=scheduler), "l")
     assert loss.front_objectives == (("test/loss", "min"),)
+
+
+def test_a_grid_is_every_combination_of_listed_values_once() -> None:
+    spec = load_spec("parity-lambda-grid")
+    assert spec.search.sampler == "grid" and spec.search.num_samples == 5 * 2
+    grid = make(space="[space.lambda_p]\nvalues = [0.1, 0.5]\n[space.max_steps]\nvalues = [2, 4, 6]")
+    assert parse_spec(grid + '[search]\nsampler = "grid"\n', "g").search.num_samples == 6
+
+
+@pytest.mark.parametrize(
+    ("search", "key", "phrase"),
+    [
+        ('[search]\nsampler = "grid"', "space.max_steps", "values = [...]"),  # a range is not a grid
+        ('[search]\nsampler = "grid"\nnum_samples = 4', "search.num_samples", "the grid has 2 points"),
+    ],
+)
+def test_a_grid_needs_values_and_its_own_size(search: str, key: str, phrase: str) -> None:
+    space = "[space.lambda_p]\nvalues = [0.1, 0.5]\n[space.max_steps]\nlow = 2\nhigh = 6"
+    if "num_samples" in search:
+        space = "[space.lambda_p]\nvalues = [0.1, 0.5]"
+    with pytest.raises(SpecError) as info:
+        parse_spec(make(space=space, search=search), "g")
+    assert info.value.key == key and phrase in str(info.value), str(info.value)
