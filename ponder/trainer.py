@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import torch
 from torch.nn.utils import clip_grad_norm_
@@ -275,10 +275,22 @@ class Trainer:
 
     @classmethod
     def from_checkpoint(
-        cls, path: str | os.PathLike[str], mnist: MnistData | None = None, device: str | None = None
+        cls,
+        source: str | os.PathLike[str] | IO[bytes],
+        mnist: MnistData | None = None,
+        device: str | None = None,
     ) -> Trainer:
-        """A trainer restored from `save`'s file (loaded with ``weights_only=True``)."""
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        """A trainer restored from `save`'s file, a path or an open binary file (``io.BytesIO``
+        of bytes read from remote storage), loaded with ``weights_only=True``: tensors and plain
+        containers only, so a tampered checkpoint cannot run code."""
+        return cls.from_state(torch.load(source, map_location="cpu", weights_only=True), mnist, device)
+
+    @classmethod
+    def from_state(
+        cls, state: dict[str, Any], mnist: MnistData | None = None, device: str | None = None
+    ) -> Trainer:
+        """A trainer built from the config inside ``state`` (`state_dict`'s dict) and restored from
+        it; ``device`` replaces the config's device (``cpu`` to evaluate a GPU run's checkpoint)."""
         values = dict(state["config"])
         if device is not None:
             values["device"] = device

@@ -1,0 +1,398 @@
+"""``ponder-study evaluate``: one trial's checkpoint run with real early exit, against the full unroll.
+
+Training and its reports evaluate the full unroll of ``max_steps`` and take each sample's
+prediction at a halting step sampled from p. Here the trial's last checkpoint is loaded
+(``weights_only=True``) and `PonderNet.infer` runs on the same fixed evaluation sets: every
+sample flips its Bernoulli(lambda_n) coin after each step and leaves the batch when it halts,
+so the step function runs only as often as the samples need. Per set this reports the halted
+accuracy (beside the one recorded in the study's Parquet), the mean halting step, the step
+calls made, and the wall time of the early-exit pass against the full unroll.
+
+No Ray here: it reads the study's files (`study.storage`) and runs `ponder` on this machine.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from ponder.halting import sample_halting_step
+from ponder.model import HaltedOutput, PonderNet
+from ponder.tasks import accuracy
+from ponder.trainer import Trainer
+from study.spec import SpecError, parse_spec
+from study.storage import StudyPaths, list_studies, read_bytes, read_table
+
+__all__ = [
+    "CHECKPOINT_FILE",
+    "ENDED",
+    "EvaluateError",
+    "Evaluation",
+    "SetEvaluation",
+    "evaluate_trial",
+    "format_evaluation",
+]
+
+CHECKPOINT_FILE = "trainer.pt"
+"""The trainer's file inside each Tune checkpoint directory (`study.trainable.CHECKPOINT_FILE`,
+repeated here so that this module does not import Ray)."""
+ENDED = ("completed", "early_stopped")
+"""The statuses of trials the default "best trial" is chosen among."""
+HALTING_SEED = 104_729
+"""Added to the trial's seed (and the set's index) to seed the halting coins: the same draws on every
+evaluation of a checkpoint, independent ones for each set."""
+
+
+class EvaluateError(ValueError):
+    """A study, trial or checkpoint that cannot be evaluated; the one-line message says what to do."""
+
+
+@dataclass(frozen=True)
+class SetEvaluation:
+    """One evaluation set run with real early exit, and with the full unroll."""
+
+    name: str
+    n: int
+    """Samples in the set (all run as one batch, as in training's evaluation)."""
+    halted_accuracy: float
+    """Accuracy of the prediction at each sample's halting step, early exit."""
+    mean_halting_step: float
+    """Mean halting step of the early-exit pass, counted from 1."""
+    step_calls_per_sample: float
+    """Step evaluations per sample in the early-exit pass, counted at the step module: a sample
+    that halted at step n was run n times, so this equals `mean_halting_step`."""
+    step_calls_per_batch: int
+    """Calls of the step function on the (shrinking) batch: the loop ends when every sample has
+    halted, at the latest after ``max_steps``."""
+    early_exit_s: float
+    """Wall time of the early-exit pass over the set, best of ``repeats``."""
+    full_unroll_accuracy: float
+    """Halted accuracy as training computes it: the full unroll's prediction at a halting step
+    sampled from p (training's own evaluation, so it reproduces the recorded value)."""
+    full_unroll_s: float
+    """Wall time of the full unroll of ``max_steps`` over the set, with the halting step sampled
+    and the prediction at it taken, best of ``repeats``."""
+    recorded_halted_accuracy: float | None
+    """``<set>/halted_accuracy`` in the study's trials Parquet; None when it has none."""
+
+    @property
+    def speedup(self) -> float:
+        """``full_unroll_s / early_exit_s``: above 1 when early exit is faster."""
+        return self.full_unroll_s / self.early_exit_s if self.early_exit_s > 0 else math.inf
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """A trial's checkpoint evaluated on every evaluation set of its task."""
+
+    study: str
+    trial_id: str
+    status: str
+    checkpoint: str
+    """The Tune checkpoint directory (a URI on remote storage); the weights are in ``trainer.pt``."""
+    iteration: int
+    """Training iterations the checkpoint had made."""
+    lambda_p: float
+    beta: float
+    max_steps: int
+    device: str
+    repeats: int
+    """Timings are the best of this many runs."""
+    chosen_by: str | None
+    """``"<metric> (<mode>)"`` when the trial was chosen as the study's best, None when named."""
+    sets: list[SetEvaluation]
+
+
+def evaluate_trial(
+    name: str, storage: str = "results", trial_id: str | None = None, *, device: str = "cpu", repeats: int = 1
+) -> Evaluation:
+    """Evaluate trial ``trial_id`` of study ``name`` (by default its best ended trial by the study's
+    objective) with real early exit on every evaluation set, and time it against the full unroll.
+
+    Raises `EvaluateError` for an unknown study or trial, a study without trials Parquet, a
+    trial without checkpoint, or a checkpoint that is missing or not a weights-only file.
+    """
+    if repeats < 1:
+        raise EvaluateError(f"repeats must be >= 1, got {repeats}")
+    paths = StudyPaths(storage, name)
+    rows = _trial_rows(paths)
+    chosen_by = None
+    if trial_id is None:
+        metric, mode = _objective(paths)
+        row = _best(rows, name, metric, mode)
+        chosen_by = f"{metric} ({mode})"
+    else:
+        row = _named(rows, name, trial_id)
+    trainer = _load(row, device)
+
+    full = trainer.evaluate()  # training's own path: full unroll, halting step sampled from p
+    trainer.model.eval()  # evaluate() leaves it in train mode
+    sets = [
+        _evaluate_set(
+            trainer,
+            set_name,
+            seed=trainer.config.seed + HALTING_SEED + i,
+            full_unroll_accuracy=float(full[f"{set_name}/halted_accuracy"]),
+            recorded=_finite(row.get(f"{set_name}/halted_accuracy")),
+            repeats=repeats,
+        )
+        for i, set_name in enumerate(trainer.eval_sets)
+    ]
+    return Evaluation(
+        study=name,
+        trial_id=str(row["trial_id"]),
+        status=str(row.get("status")),
+        checkpoint=str(row["checkpoint_path"]),
+        iteration=trainer.iteration,
+        lambda_p=trainer.config.lambda_p,
+        beta=trainer.config.beta,
+        max_steps=trainer.config.max_steps,
+        device=_device_label(trainer.device),
+        repeats=repeats,
+        chosen_by=chosen_by,
+        sets=sets,
+    )
+
+
+def format_evaluation(e: Evaluation) -> str:
+    """The table ``ponder-study evaluate`` prints: per set, early exit against the full unroll."""
+    how = f"best by {e.chosen_by}" if e.chosen_by else "as named"
+    lines = [
+        f"study {e.study}, trial {e.trial_id} ({e.status}, {how}), checkpoint at iteration {e.iteration}:",
+        f"  {e.checkpoint}",
+        f"lambda_p {e.lambda_p:.4g}, beta {e.beta:.4g}, max_steps {e.max_steps}; on {e.device}, "
+        f"times best of {e.repeats}",
+        "",
+    ]
+    header = (
+        "set",
+        "n",
+        "halted acc",
+        "recorded",
+        "full unroll acc",
+        "mean halting step",
+        "step calls/batch",
+        "early exit",
+        "full unroll",
+        "speedup",
+    )
+    table = [header]
+    for s in e.sets:
+        recorded = "-" if s.recorded_halted_accuracy is None else f"{s.recorded_halted_accuracy:.3f}"
+        table.append(
+            (
+                s.name,
+                str(s.n),
+                f"{s.halted_accuracy:.3f}",
+                recorded,
+                f"{s.full_unroll_accuracy:.3f}",
+                f"{s.mean_halting_step:.2f} of {e.max_steps}",
+                f"{s.step_calls_per_batch} of {e.max_steps}",
+                _seconds(s.early_exit_s),
+                _seconds(s.full_unroll_s),
+                f"{s.speedup:.2f}x",
+            )
+        )
+    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
+    for row in table:
+        cells = [row[0].ljust(widths[0]), *(c.rjust(w) for c, w in zip(row[1:], widths[1:], strict=True))]
+        lines.append("  ".join(cells).rstrip())
+    lines.append("")
+    lines.append(
+        "halted acc: early exit, each sample's coins seeded; recorded: the trials Parquet; full unroll acc: "
+        "training's path (all max_steps, halting step sampled from p); speedup: full unroll / early exit"
+    )
+    return "\n".join(lines)
+
+
+# -- the trial and its checkpoint ------------------------------------------------------------------
+
+
+def _trial_rows(paths: StudyPaths) -> list[dict[str, Any]]:
+    if not paths.exists():
+        there = list_studies(paths.root)
+        known = f"studies there: {', '.join(there)}" if there else "no studies there"
+        raise EvaluateError(
+            f"no study named {paths.name!r} under {paths.root!r}; {known} (pass --storage for another root)"
+        )
+    table = read_table(paths.trials_parquet)
+    if table is None:
+        raise EvaluateError(
+            f"study {paths.name!r} has no trials Parquet yet ({paths.trials_parquet}); wait for a trial to "
+            f"end, or write it with `ponder-study export {paths.name}`"
+        )
+    rows: list[dict[str, Any]] = table.to_pylist()
+    return rows
+
+
+def _objective(paths: StudyPaths) -> tuple[str, str]:
+    text = read_bytes(paths.spec)
+    assert text is not None  # paths.exists() said so
+    try:
+        spec = parse_spec(text.decode("utf-8"), paths.name)
+    except SpecError as exc:
+        why = f"study {paths.name!r}: its saved spec does not parse ({exc}); pass --trial ID"
+        raise EvaluateError(why) from exc
+    return spec.metric, spec.mode
+
+
+def _best(rows: list[dict[str, Any]], name: str, metric: str, mode: str) -> dict[str, Any]:
+    scored = [(v, r) for r in rows if r.get("status") in ENDED and (v := _finite(r.get(metric))) is not None]
+    if not scored:
+        raise EvaluateError(
+            f"study {name!r} has no {' or '.join(ENDED)} trial with a value of {metric} yet; "
+            f"wait for one, or pass --trial ID ({_some_ids(rows)})"
+        )
+    pick = max if mode == "max" else min
+    return pick(scored, key=lambda vr: vr[0])[1]  # the first of equals, in Parquet order
+
+
+def _named(rows: list[dict[str, Any]], name: str, trial_id: str) -> dict[str, Any]:
+    for row in rows:
+        if row.get("trial_id") == trial_id:
+            return row
+    raise EvaluateError(f"no trial {trial_id!r} in study {name!r}; {_some_ids(rows)}")
+
+
+def _some_ids(rows: list[dict[str, Any]], most: int = 5) -> str:
+    ids = [f"{r['trial_id']} ({r.get('status')})" for r in rows[:most]]
+    if not ids:
+        return "it has no trials"
+    more = f", ... ({len(rows)} in all)" if len(rows) > most else ""
+    return f"its trials: {', '.join(ids)}{more}"
+
+
+def _load(row: dict[str, Any], device: str) -> Trainer:
+    """The trial's trainer from ``<checkpoint_path>/trainer.pt``, local or remote, weights only."""
+    where = row.get("checkpoint_path")
+    trial = f"trial {row['trial_id']} ({row.get('status')})"
+    if not where:
+        raise EvaluateError(f"{trial} has no checkpoint: it made no report yet; pick another with --trial ID")
+    path = f"{str(where).rstrip('/')}/{CHECKPOINT_FILE}"
+    data = read_bytes(path)
+    if data is None:
+        raise EvaluateError(
+            f"{trial}: checkpoint file {path} is missing; was the study's tune/ directory moved or pruned? "
+            "pick another trial with --trial ID"
+        )
+    try:
+        return Trainer.from_checkpoint(io.BytesIO(data), device=device)
+    except Exception as exc:  # torch.load's UnpicklingError, a truncated file, a state that does not fit
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise EvaluateError(
+            f"{trial}: cannot load {path} as a weights-only checkpoint ({type(exc).__name__}: {first}); "
+            "it is not a file ponder wrote, or it is damaged"
+        ) from exc
+
+
+# -- measuring -------------------------------------------------------------------------------------
+
+
+def _evaluate_set(
+    trainer: Trainer,
+    name: str,
+    *,
+    seed: int,
+    full_unroll_accuracy: float,
+    recorded: float | None,
+    repeats: int,
+) -> SetEvaluation:
+    """One set: a counted early-exit pass, then both paths timed on the same inputs and coins."""
+    model, device, s = trainer.model, trainer.device, trainer.eval_sets[name]
+
+    def coins() -> torch.Generator:  # the same draws on every pass
+        return _generator(device, seed)
+
+    with torch.inference_mode():
+        out, calls, sample_calls = _counted_infer(model, s.x, coins())
+        early_s = _best_time(lambda: model.infer(s.x, coins()), device, repeats)
+        full_s = _best_time(lambda: _unroll_and_halt(model, s.x, coins()), device, repeats)
+    n = int(s.y.shape[0])
+    return SetEvaluation(
+        name=name,
+        n=n,
+        halted_accuracy=float(accuracy(out.y_hat, s.y).mean()),
+        mean_halting_step=float(out.halting_step.float().mean()),
+        step_calls_per_sample=sample_calls / n,
+        step_calls_per_batch=calls,
+        early_exit_s=early_s,
+        full_unroll_accuracy=full_unroll_accuracy,
+        full_unroll_s=full_s,
+        recorded_halted_accuracy=recorded,
+    )
+
+
+def _generator(device: torch.device, seed: int) -> torch.Generator:
+    return torch.Generator(device=device).manual_seed(seed)
+
+
+def _counted_infer(
+    model: PonderNet, x: torch.Tensor, generator: torch.Generator
+) -> tuple[HaltedOutput, int, int]:
+    """`PonderNet.infer` with its step module's calls counted by a forward hook: (output, calls
+    on the batch, samples summed over calls)."""
+    counts = [0, 0]
+
+    def count(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
+        counts[0] += 1
+        counts[1] += int(args[1].shape[0])  # (ctx, h): h has one row per sample still pondering
+
+    handle = model.step.register_forward_hook(count)
+    try:
+        out = model.infer(x, generator)
+    finally:
+        handle.remove()
+    return out, counts[0], counts[1]
+
+
+def _unroll_and_halt(model: PonderNet, x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """The full unroll's answer: all ``max_steps``, then the prediction at a sampled halting step."""
+    out = model(x)
+    step = sample_halting_step(out.log_p, generator)  # [B]
+    y_hat: torch.Tensor = out.y_hat[step, torch.arange(step.shape[0], device=step.device)]
+    return y_hat
+
+
+def _best_time(fn: Callable[[], object], device: torch.device, repeats: int) -> float:
+    """The least wall time of ``repeats`` calls of ``fn``, after one untimed call (warm-up)."""
+    best = math.inf
+    for i in range(repeats + 1):
+        _sync(device)
+        start = time.perf_counter()
+        fn()
+        _sync(device)
+        if i > 0:
+            best = min(best, time.perf_counter() - start)
+    return best
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _device_label(device: torch.device) -> str:
+    if device.type != "cuda":
+        return str(device)
+    return f"{device} {torch.cuda.get_device_name(device)}"
+
+
+def _finite(value: Any) -> float | None:
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    return None
+
+
+def _seconds(s: float) -> str:
+    if s < 1e-3:
+        return f"{s * 1e6:.0f} us"
+    if s < 1.0:
+        return f"{s * 1e3:.2f} ms"
+    return f"{s:.2f} s"

@@ -1,0 +1,69 @@
+"""Loading checkpoints: from a path or from bytes, onto another device, and never running code."""
+
+from __future__ import annotations
+
+import io
+import os
+import pickle
+from pathlib import Path
+
+import pytest
+import torch
+
+from ponder.config import ParityConfig
+from ponder.trainer import Trainer
+
+
+def _trained(steps: int = 3) -> Trainer:
+    config = ParityConfig(n_elems=5, max_steps=4, n_hidden=8, batch_size=16, eval_samples=64, device="cpu")
+    trainer = Trainer(config)
+    for _ in range(steps):
+        trainer.train_step()
+    return trainer
+
+
+def _same_weights(a: Trainer, b: Trainer) -> bool:
+    return all(torch.equal(p, q) for p, q in zip(a.model.parameters(), b.model.parameters(), strict=True))
+
+
+def test_a_checkpoint_loads_the_same_from_a_path_and_from_its_bytes(tmp_path: Path) -> None:
+    trainer = _trained()
+    trainer.save(tmp_path / "t.pt")
+    from_path = Trainer.from_checkpoint(tmp_path / "t.pt")
+    from_bytes = Trainer.from_checkpoint(io.BytesIO((tmp_path / "t.pt").read_bytes()))  # as from s3://
+    for restored in (from_path, from_bytes):
+        assert restored.iteration == 3 and _same_weights(trainer, restored)
+    assert from_path.evaluate() == from_bytes.evaluate() == trainer.evaluate()
+
+
+def test_from_state_builds_the_config_inside_and_can_move_it_to_another_device() -> None:
+    trainer = _trained()
+    state = trainer.state_dict()
+    state["config"] = {**state["config"], "device": "cuda:7"}  # a GPU run's checkpoint
+    restored = Trainer.from_state(state, device="cpu")
+    assert restored.config.device == "cpu" and restored.device == torch.device("cpu")
+    assert restored.config.max_steps == 4 and restored.iteration == 3 and _same_weights(trainer, restored)
+    assert state["config"]["device"] == "cuda:7"  # the caller's dict is left as it was
+
+
+class _Payload:
+    """Unpickling this runs ``os.mkdir(marker)``: what a tampered checkpoint could do."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[object, tuple[str]]:
+        return os.mkdir, (str(self.marker),)
+
+
+def test_a_checkpoint_with_code_in_it_is_refused_without_running_it(tmp_path: Path) -> None:
+    state = _trained(1).state_dict()
+    state["extra"] = _Payload(tmp_path / "ran")
+    torch.save(state, tmp_path / "bad.pt")
+    with pytest.raises(pickle.UnpicklingError, match="weights_only"):
+        Trainer.from_checkpoint(tmp_path / "bad.pt")
+    with pytest.raises(pickle.UnpicklingError, match="weights_only"):
+        Trainer.from_checkpoint(io.BytesIO((tmp_path / "bad.pt").read_bytes()))
+    assert not (tmp_path / "ran").exists()
+    torch.load(tmp_path / "bad.pt", weights_only=False)  # the payload is live: a full unpickle runs it
+    assert (tmp_path / "ran").is_dir()
