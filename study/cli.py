@@ -140,6 +140,9 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("name", help="the study's name")
     evaluate.add_argument("--trial", help="a trial id (default: the study's best trial)")
     evaluate.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default: cpu)")
+    evaluate.add_argument(
+        "--repeats", type=int, default=3, help="time each pass this many times, keep the best (default: 3)"
+    )
     storage(evaluate)
 
     lst = sub.add_parser(
@@ -193,6 +196,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         _fail("--storage must not be empty")
     if storage_arg is None and os.environ.get(STORAGE_ENV, "").strip():
         storage_arg = os.environ[STORAGE_ENV].strip()
+    # each command imports what it needs (Ray only where it runs trials); their input errors,
+    # one line each, are caught below once their module is loaded
+    refused: tuple[type[Exception], ...] = (SpecError,)
     try:
         if args.command == "list":
             print(_list(storage_arg or DEFAULT_STORAGE))
@@ -200,24 +206,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "report":
             from study.report import ReportError, write_report
 
-            try:
-                written = write_report(args.name, storage_arg or DEFAULT_STORAGE, out=args.out)
-            except ReportError as e:
-                _fail(str(e))
+            refused += (ReportError,)
+            written = write_report(args.name, storage_arg or DEFAULT_STORAGE, out=args.out)
             print(f"wrote {len(written.plots)} plots and {written.index}")
             return 0
         if args.command == "evaluate":
             from study.evaluate import EvaluateError, evaluate_trial, format_evaluation
 
-            try:
-                result = evaluate_trial(
-                    args.name, storage_arg or DEFAULT_STORAGE, args.trial, device=args.device
-                )
-            except EvaluateError as e:
-                _fail(str(e))
+            refused += (EvaluateError,)
+            if args.repeats < 1:
+                _fail(f"--repeats must be >= 1, got {args.repeats}")
+            storage = storage_arg or DEFAULT_STORAGE
+            result = evaluate_trial(args.name, storage, args.trial, device=args.device, repeats=args.repeats)
             print(format_evaluation(result))
             return 0
         from study import runner  # imports Ray: only for the commands that need it
+
+        refused += (runner.StudyError,)
 
         if args.command == "run":
             if args.num_samples is not None and args.num_samples < 1:
@@ -241,11 +246,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             spec, paths = runner.load_study_spec(args.name, storage_arg or DEFAULT_STORAGE)
             print(summary(paths, spec.metric))
             return 0
-    except SpecError as e:
-        _fail(str(e))
     except OSError as e:  # pyarrow's errors reaching a remote storage (credentials, bucket, network)
         _fail(f"could not read or write storage {storage_arg or DEFAULT_STORAGE}: {' '.join(str(e).split())}")
-    except runner.StudyError as e:  # (bound: only the commands after `list` raise it)
+    except refused as e:
         _fail(str(e))
     paths = outcome.paths
     print(summary(paths, outcome.spec.metric))

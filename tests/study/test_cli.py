@@ -112,6 +112,19 @@ CASES: list[tuple[str, tuple[str, ...], str | None, tuple[str, ...]]] = [
     ("resume-unknown", ("resume", "no-such-study", "--storage", "{storage}"), None, ("'no-such-study'",)),
     ("status-unknown", ("status", "no-such-study", "--storage", "{storage}"), None, ("'no-such-study'",)),
     ("export-unknown", ("export", "no-such-study", "--storage", "{storage}"), None, ("'no-such-study'",)),
+    ("report-unknown", ("report", "no-such-study", "--storage", "{storage}"), None, ("'no-such-study'",)),
+    (
+        "evaluate-unknown-trial",
+        ("evaluate", "parity-smoke", "--trial", "nope", "--storage", "{storage}"),
+        None,
+        ("'nope'",),
+    ),
+    (
+        "evaluate-repeats-zero",
+        ("evaluate", "parity-smoke", "--repeats", "0", "--storage", "{storage}"),
+        None,
+        ("--repeats", ">= 1"),
+    ),
     # -- spec files
     (
         "spec-unknown-top-key",
@@ -233,7 +246,7 @@ def _help(*args: str, monkeypatch: pytest.MonkeyPatch) -> str:
 def test_help_says_what_each_command_does(monkeypatch: pytest.MonkeyPatch) -> None:
     top = _help(monkeypatch=monkeypatch)
     assert top.startswith("usage: ponder-study")
-    for command in ("run", "resume", "status", "export", "list"):
+    for command in ("run", "resume", "status", "export", "report", "evaluate", "list"):
         assert f" {command} " in top, command
     assert "Ray Tune" in top and "Parquet" in top
 
