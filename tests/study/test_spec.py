@@ -598,3 +598,14 @@ def test_a_grid_needs_values_and_its_own_size(search: str, key: str, phrase: str
     with pytest.raises(SpecError) as info:
         parse_spec(make(space=space, search=search), "g")
     assert info.value.key == key and phrase in str(info.value), str(info.value)
+
+
+@pytest.mark.parametrize(("num_samples", "startup"), [(4, 2), (8, 2), (12, 3), (40, 10), (400, 10)])
+def test_tpe_starts_modelling_within_the_study(num_samples: int, startup: int, tmp_path: Path) -> None:
+    """Optuna's TPE default (10 random trials first) would make an 8-trial study random search."""
+    from study.search import make_searcher  # imports Ray: only here
+    from study.storage import StudyPaths
+
+    spec = load_spec("parity").with_overrides(num_samples=num_samples)
+    searcher = make_searcher(spec, StudyPaths(str(tmp_path), "x"))
+    assert searcher.searcher._sampler._n_startup_trials == startup
