@@ -15,7 +15,14 @@ from study.scheduler import PersistentASHA
 from study.spec import Dimension, StudySpec
 from study.storage import StudyPaths
 
-__all__ = ["DivergenceAwareOptunaSearch", "make_scheduler", "make_searcher", "optuna_storage", "param_space"]
+__all__ = [
+    "DivergenceAwareOptunaSearch",
+    "make_scheduler",
+    "make_searcher",
+    "optuna_storage",
+    "param_space",
+    "tpe_startup_trials",
+]
 
 
 def _domain(d: Dimension) -> Any:
@@ -33,13 +40,17 @@ def param_space(spec: StudySpec) -> dict[str, Any]:
     return {"task": spec.task, **dict(spec.config), **{d.name: _domain(d) for d in spec.space}}
 
 
+def tpe_startup_trials(num_samples: int) -> int:
+    """How many of a study's trials TPE draws at random before it models: a quarter, 2 to 10.
+    Optuna's default, 10, would leave an 8-trial study random search."""
+    return max(2, min(10, num_samples // 4))
+
+
 def _sampler(spec: StudySpec) -> optuna.samplers.BaseSampler:
     seed = spec.search.seed
     kind = spec.search.sampler
     if kind == "tpe":
-        # TPE draws its first n_startup_trials at random (10 by default): in an 8-trial study it
-        # would never model anything. A quarter of the study, 2 to 10, starts it in time.
-        startup = max(2, min(10, spec.search.num_samples // 4))
+        startup = tpe_startup_trials(spec.search.num_samples)
         return optuna.samplers.TPESampler(seed=seed, n_startup_trials=startup)
     if kind == "random":
         return optuna.samplers.RandomSampler(seed=seed)
