@@ -67,5 +67,5 @@ def test_the_duckdb_line_gives_the_same_pareto_set(in_results: pd.DataFrame) -> 
     done = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     front = in_results.loc[in_results["pareto"], "trial_id"]
-    shown = set(re.findall(r"\b[0-9a-f]{5}_\d{5}\b", done.stdout))
+    shown = set(re.findall(r"^│[^│]+│\s*([0-9a-f]{8})\s*│", done.stdout, flags=re.M))  # the trial_id column
     assert shown == set(front), done.stdout
