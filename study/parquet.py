@@ -261,7 +261,9 @@ def trials_table(
             "node_ip": last.get("node_ip"),
             "node_id": last.get("node_id"),
             "gpu_ids": last.get("gpu_ids"),
-            "nodes": len({r["node_id"] for r in reports if r.get("node_id")}),
+            # every report made, a re-made one's first making included: a trial restarted from
+            # scratch on another node (its only checkpoint lost with the node) still counts both
+            "nodes": len({r["node_id"] for r in rec.history if r.get("node_id")}),
             "checkpoint_path": rec.checkpoint_path,
             "error": rec.error,
             "retries": rec.retries,

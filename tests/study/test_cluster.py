@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -183,9 +184,13 @@ def test_a_lost_node_costs_only_the_work_since_the_last_checkpoint(
     tune_dir = f"{storage}/tune/lost/".removeprefix("s3://")
 
     def every_trial_checkpointed() -> bool:  # 4 trials on 2 CPUs a node: two run on each worker
+        # two checkpoints each: the last one in S3 may still be in flight to the driver when the
+        # node dies (Tune then restarts from the one before), the first is registered by then
         files = s3.files(f"{storage}/tune/lost")
-        trials = {f.removeprefix(tune_dir).split("/")[0] for f in files if "/checkpoint_" in f}
-        return len(trials) == 4
+        checkpoints = Counter(
+            f.removeprefix(tune_dir).split("/")[0] for f in files if f.endswith("/trainer.pt")
+        )
+        return len(checkpoints) == 4 and min(checkpoints.values()) >= 2
 
     try:
         run.wait_until(every_trial_checkpointed, timeout=240)
