@@ -28,7 +28,7 @@ from ponder.model import HaltedOutput, PonderNet
 from ponder.tasks import accuracy
 from ponder.trainer import Trainer
 from study.spec import SpecError, parse_spec
-from study.storage import StudyPaths, list_studies, read_bytes, read_table
+from study.storage import CHECKPOINT_FILE, StudyPaths, list_studies, read_bytes, read_table
 
 __all__ = [
     "CHECKPOINT_FILE",
@@ -40,9 +40,6 @@ __all__ = [
     "format_evaluation",
 ]
 
-CHECKPOINT_FILE = "trainer.pt"
-"""The trainer's file inside each Tune checkpoint directory (`study.trainable.CHECKPOINT_FILE`,
-repeated here so that this module does not import Ray)."""
 ENDED = ("completed", "early_stopped")
 """The statuses of trials the default "best trial" is chosen among."""
 HALTING_SEED = 104_729

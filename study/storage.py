@@ -35,6 +35,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 __all__ = [
+    "CHECKPOINT_FILE",
     "JOURNAL_CACHE_ENV",
     "StudyPaths",
     "is_remote",
@@ -49,6 +50,10 @@ __all__ = [
     "write_json",
     "write_parquet",
 ]
+
+CHECKPOINT_FILE = "trainer.pt"
+"""The trainer's file inside each Tune checkpoint directory (written by the trainable, read by
+`evaluate`); here, where both reach it without importing Ray."""
 
 JOURNAL_CACHE_ENV = "PONDER_STUDY_CACHE"
 """Where a driver keeps the Optuna journals of studies on remote storage (default ~/.cache/ponder-study)."""

@@ -28,7 +28,7 @@ from ray import tune
 from ponder.config import config_from_dict
 from ponder.trainer import Metrics, Trainer
 from study.scheduler import stopped_trials
-from study.storage import read_json
+from study.storage import CHECKPOINT_FILE, read_json
 
 __all__ = [
     "CHECKPOINT_FILE",
@@ -40,7 +40,6 @@ __all__ = [
     "tune_metrics",
 ]
 
-CHECKPOINT_FILE = "trainer.pt"
 WORST = 1e30
 """Magnitude of the stand-in for a non-finite objective: -WORST when maximising, +WORST when minimising."""
 
