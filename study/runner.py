@@ -33,7 +33,9 @@ from study.storage import (
     is_shared,
     read_bytes,
     read_json,
+    save_reports,
     to_uri,
+    trial_reports,
     write_bytes,
     write_json,
     write_parquet,
@@ -96,9 +98,19 @@ def _exported_history(paths: StudyPaths) -> dict[str, list[dict[str, Any]]]:
     return rows
 
 
+def _saved_reports(paths: StudyPaths, trial_id: str) -> list[dict[str, Any]]:
+    """The reports `save_reports` kept when the trial ended (Tune's copy may have been emptied)."""
+    data = read_bytes(trial_reports(paths.reports_dir, trial_id))
+    return parse_result_lines(data.decode()) if data is not None else []
+
+
 def _record(
-    trial: Trial, root: str, stopped: set[str], ended: dict[str, Any], exported: list[dict[str, Any]]
+    trial: Trial, paths: StudyPaths, stopped: set[str], ended: dict[str, Any], exported: list[dict[str, Any]]
 ) -> TrialRecord:
+    root = paths.root
+    saved = (
+        _saved_reports(paths, trial.trial_id) if trial.trial_id in ended or trial.trial_id in stopped else []
+    )
     checkpoint = trial.checkpoint
     checkpoint_path = checkpoint.path if checkpoint is not None else None
     if trial.trial_id in ended and ended[trial.trial_id].get("checkpoint"):
@@ -112,7 +124,7 @@ def _record(
         trial_id=trial.trial_id,
         tune_status=trial.status,
         config=trial.config,
-        history=exported + _history(trial),  # for a repeated iteration the later report wins
+        history=exported + saved + _history(trial),  # for a repeated iteration the later report wins
         stopped_early=trial.trial_id in stopped,
         ended=trial.trial_id in ended,
         error=error,
@@ -143,7 +155,7 @@ def write_tables(
     for t in trials:
         rec = cache.records.get(t.trial_id)
         if rec is None or rec.tune_status != t.status:
-            rec = _record(t, paths.root, stopped, ended, cache.exported.get(t.trial_id, []))
+            rec = _record(t, paths, stopped, ended, cache.exported.get(t.trial_id, []))
             if t.status == Trial.TERMINATED:
                 cache.records[t.trial_id] = rec
         records.append(rec)
@@ -197,6 +209,7 @@ class ParquetCallback(Callback):
         checkpoint = trial.checkpoint
         ended = read_json(self.paths.ended) or {}
         if trial.trial_id not in ended:  # a restored trial that returned at once keeps its first record
+            save_reports(trial, self.paths.reports_dir)  # before the ledger ends the trial
             ended[trial.trial_id] = {"checkpoint": checkpoint.path if checkpoint is not None else None}
             write_json(self.paths.ended, ended)
             if checkpoint is not None:

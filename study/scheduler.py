@@ -5,6 +5,10 @@ resume new trials would be judged against nothing and a trial ASHA had stopped c
 `PersistentASHA` writes its rungs, its bracket assignments and the trials it stopped to
 ``asha.json`` whenever they change, and reads them back when the restored study adds its
 trials. The trainable reads the same file: a trial ASHA stopped does not train again.
+
+A stop is recorded once Tune has logged the report ASHA stopped the trial on, and after the
+trial's reports are saved in ``reports_dir`` (`on_trial_complete`), never before: a resume
+never trains a stopped trial again, so its reports must outlive a driver killed at that moment.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from ray.tune.experiment import Trial
 from ray.tune.schedulers import AsyncHyperBandScheduler, TrialScheduler
 
-from study.storage import read_json, write_json
+from study.storage import read_json, save_reports, write_json
 
 if TYPE_CHECKING:
     from ray.tune.execution.tune_controller import TuneController
@@ -37,11 +41,13 @@ class PersistentASHA(AsyncHyperBandScheduler):
     period and the budget are in gradient steps, not in reports.
     """
 
-    def __init__(self, state_uri: str, **kwargs: Any) -> None:
+    def __init__(self, state_uri: str, reports_dir: str | None = None, **kwargs: Any) -> None:
         kwargs.setdefault("stop_last_trials", False)  # a trial ends by itself at its budget
         super().__init__(**kwargs)
         self._state_uri = state_uri
+        self._reports_dir = reports_dir
         self._stopped: set[str] = set()
+        self._stopping: set[str] = set()  # stopped, not yet recorded (see on_trial_complete)
         self._assigned: dict[str, int] = {}  # trial id -> bracket index
         self._loaded = False
 
@@ -78,7 +84,7 @@ class PersistentASHA(AsyncHyperBandScheduler):
     @property
     def stopped(self) -> set[str]:
         """Trials this scheduler stopped before their budget."""
-        return set(self._stopped)
+        return self._stopped | self._stopping
 
     # -- scheduler hooks ------------------------------------------------------------------------
     def on_trial_add(self, tune_controller: TuneController, trial: Trial) -> None:
@@ -93,13 +99,14 @@ class PersistentASHA(AsyncHyperBandScheduler):
         self._save()
 
     def on_trial_result(self, tune_controller: TuneController, trial: Trial, result: dict[str, Any]) -> str:
-        if trial.trial_id in self._stopped:
+        if trial.trial_id in self._stopped | self._stopping:
             return str(TrialScheduler.STOP)
         before = self._snapshot()
         action = str(super().on_trial_result(tune_controller, trial, result))
         if action == TrialScheduler.STOP and result.get(self._time_attr, 0) < self._max_t:
-            self._stopped.add(trial.trial_id)
-        if action == TrialScheduler.STOP or self._snapshot() != before:
+            # Tune logs this report after this call: the stop is saved in on_trial_complete
+            self._stopping.add(trial.trial_id)
+        elif self._snapshot() != before:
             self._save()
         return action
 
@@ -108,8 +115,22 @@ class PersistentASHA(AsyncHyperBandScheduler):
     ) -> None:
         before = self._snapshot()
         super().on_trial_complete(tune_controller, trial, result)
-        if self._snapshot() != before:
+        if trial.trial_id in self._stopping:
+            self._record_stop(trial)
+        elif self._snapshot() != before:
             self._save()
+
+    def on_trial_remove(self, tune_controller: TuneController, trial: Trial) -> None:
+        super().on_trial_remove(tune_controller, trial)
+        if trial.trial_id in self._stopping:
+            self._record_stop(trial)
+
+    def _record_stop(self, trial: Trial) -> None:
+        if self._reports_dir is not None:
+            save_reports(trial, self._reports_dir)  # saved before asha.json ends the trial
+        self._stopping.discard(trial.trial_id)
+        self._stopped.add(trial.trial_id)
+        self._save()
 
     def _snapshot(self) -> int:
         return sum(len(r) for b in self._brackets for _, r in b._rungs)

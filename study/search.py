@@ -136,6 +136,7 @@ def make_scheduler(spec: StudySpec, paths: StudyPaths) -> PersistentASHA | None:
         return None
     return PersistentASHA(
         paths.asha,
+        reports_dir=paths.reports_dir,
         time_attr="iteration",
         metric=s.metric,
         mode=s.mode,

@@ -9,6 +9,8 @@ A study named N under the storage root R::
     R/studies/N/asha.json          ASHA's rungs and the trials it stopped (Ray does not keep them)
     R/studies/N/ended.json         every trial that ended, with its final checkpoint: the record a
                                    resume trusts even when Tune's own state lags behind it
+    R/studies/N/reports/T.jsonl    trial T's reports, saved before a ledger records T's end
+                                   (Tune's copy of them lags, and a resume can empty it)
     R/trials/study=N/trials.parquet    one row per trial
     R/history/study=N/history.parquet  one row per trial per report
 
@@ -45,7 +47,9 @@ __all__ = [
     "read_bytes",
     "read_json",
     "read_table",
+    "save_reports",
     "to_uri",
+    "trial_reports",
     "write_bytes",
     "write_json",
     "write_parquet",
@@ -136,6 +140,11 @@ class StudyPaths:
         return _join(self.study_dir, "ended.json")
 
     @property
+    def reports_dir(self) -> str:
+        """``<trial_id>.jsonl``: each ended trial's reports, saved before a ledger records it."""
+        return _join(self.study_dir, "reports")
+
+    @property
     def optuna_journal(self) -> str:
         """A local file: Optuna's journal needs a file lock, which object stores do not have."""
         if is_remote(self.root):
@@ -196,7 +205,10 @@ def list_studies(root: str) -> list[str]:
 
 def write_bytes(uri: str, data: bytes) -> None:
     """Replace the file atomically: temporary file then rename locally, one PUT on object stores."""
-    fs, path = _resolve(uri)
+    _write(*_resolve(uri), data)
+
+
+def _write(fs: pafs.FileSystem, path: str, data: bytes) -> None:
     if isinstance(fs, pafs.LocalFileSystem):
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=f".{os.path.basename(path)}.")
@@ -212,6 +224,34 @@ def write_bytes(uri: str, data: bytes) -> None:
         return
     with fs.open_output_stream(path) as f:
         f.write(data)
+
+
+def save_reports(trial: Any, reports_dir: str) -> None:
+    """Save a Tune trial's reports (its ``result.json``, from the driver's staging directory)
+    as ``<reports_dir>/<trial_id>.jsonl``, before a ledger records the trial's end.
+
+    The ledgers (``ended.json``, ASHA's stops) are written the moment a trial ends and say
+    "never train it again". Tune's own copy of ``result.json`` on the storage lags by seconds,
+    and a resume from an experiment state saved before the trial's first checkpoint starts the
+    trial afresh, emptying that copy: without this one, a driver killed at the wrong moment
+    would lose every report of a trial that never runs again. A copy already saved is only
+    replaced by a longer one."""
+    local_dir = getattr(trial, "local_path", None)
+    if not local_dir or not Path(local_dir, "result.json").exists():
+        return
+    data = Path(local_dir, "result.json").read_bytes()
+    uri = trial_reports(reports_dir, trial.trial_id)
+    fs, path = _resolve(uri)
+    saved = fs.get_file_info(path)
+    # a restored trial that had ended returns without reporting: its staging copy is empty
+    if saved.type == pafs.FileType.File and (saved.size or 0) >= len(data):
+        return
+    write_bytes(uri, data)
+
+
+def trial_reports(reports_dir: str, trial_id: str) -> str:
+    """Where `save_reports` keeps one trial's reports."""
+    return _join(reports_dir, f"{trial_id}.jsonl")
 
 
 def read_json(uri: str) -> Any:

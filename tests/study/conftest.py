@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -16,6 +17,8 @@ from pathlib import Path
 import pandas as pd
 import pyarrow.fs as pafs
 import pytest
+
+from study.storage import StudyPaths
 
 CLI = [sys.executable, "-m", "study"]
 REPO = Path(__file__).resolve().parents[2]
@@ -36,7 +39,7 @@ class Driver:
             [*CLI, *args], stdout=self._out, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True
         )
 
-    def wait_until(self, predicate: Callable[[], bool], timeout: float = 240) -> None:
+    def wait_until(self, predicate: Callable[[], bool], timeout: float = 240, poll: float = 0.2) -> None:
         deadline = time.monotonic() + timeout
         while not predicate():
             if self.proc.poll() is not None:
@@ -45,7 +48,7 @@ class Driver:
                 )
             if time.monotonic() > deadline:
                 raise AssertionError(f"timed out waiting:\n{self.log.read_text()[-3000:]}")
-            time.sleep(0.2)
+            time.sleep(poll)
 
     def interrupt(self, timeout: float = 120) -> int:
         """Ctrl-C: SIGINT to the driver; returns its exit code."""
@@ -83,6 +86,24 @@ def driver(tmp_path: Path) -> Iterator[Callable[..., Driver]]:
         if d.proc.poll() is None:
             os.killpg(d.proc.pid, signal.SIGKILL)
             d.proc.wait(30)
+
+
+def ledger_has(storage: Path, name: str, how: str) -> Callable[[], bool]:
+    """True the instant the study's ledgers record a trial that ended ``how``: ``"completed"``
+    (in ``ended.json``, not stopped by ASHA) or ``"stopped"`` (in ``asha.json``'s stops). Both
+    are written the moment a trial ends, before the Parquet is rewritten."""
+    paths = StudyPaths(str(storage), name)
+
+    def check() -> bool:
+        try:
+            stopped = set(json.loads(Path(paths.asha).read_text())["stopped"])
+            if how == "stopped":
+                return bool(stopped)
+            return bool(set(json.loads(Path(paths.ended).read_text())) - stopped)
+        except (FileNotFoundError, json.JSONDecodeError):
+            return False
+
+    return check
 
 
 def trials(storage: Path, name: str) -> pd.DataFrame:

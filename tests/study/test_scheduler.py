@@ -12,9 +12,10 @@ from ray.tune.schedulers import TrialScheduler
 from study.scheduler import PersistentASHA, stopped_trials
 
 
-def _asha(state: Path, grace_period: int = 10) -> PersistentASHA:
+def _asha(state: Path, grace_period: int = 10, reports_dir: Path | None = None) -> PersistentASHA:
     return PersistentASHA(
         str(state),
+        reports_dir=str(reports_dir) if reports_dir else None,
         time_attr="iteration",
         metric="acc",
         mode="max",
@@ -24,8 +25,8 @@ def _asha(state: Path, grace_period: int = 10) -> PersistentASHA:
     )
 
 
-def _trial(trial_id: str) -> Any:
-    return SimpleNamespace(trial_id=trial_id)
+def _trial(trial_id: str, local_path: Path | None = None) -> Any:
+    return SimpleNamespace(trial_id=trial_id, local_path=str(local_path) if local_path else None)
 
 
 def _report(s: PersistentASHA, trial: Any, iteration: int, acc: float) -> str:
@@ -41,6 +42,8 @@ def test_rungs_and_stops_survive_a_new_scheduler(tmp_path: Path) -> None:
     assert _report(first, a, 10, 0.5) == TrialScheduler.CONTINUE  # first at the rung: nothing to compare
     assert _report(first, b, 10, 0.9) == TrialScheduler.CONTINUE
     assert _report(first, c, 10, 0.1) == TrialScheduler.STOP  # below the rung's median (0.7)
+    assert _report(first, c, 10, 0.1) == TrialScheduler.STOP  # and stays stopped
+    first.on_trial_complete(None, c, {"iteration": 10, "acc": 0.1})  # type: ignore[arg-type]
     assert stopped_trials(str(state)) == {"c"}
 
     # the study is resumed: Ray builds the scheduler anew and re-adds the trials
@@ -79,3 +82,28 @@ def test_reaching_the_budget_is_not_an_early_stop(tmp_path: Path) -> None:
     for it in (10, 20, 30, 40):
         _report(s, a, it, 0.9)
     assert stopped_trials(str(state)) == set()
+
+
+def test_a_stop_is_saved_after_the_trials_reports(tmp_path: Path) -> None:
+    """ASHA's stop reaches asha.json only when Tune completes the trial, after it logged the
+    report ASHA stopped it on, and the trial's reports are saved first: a resume never trains a
+    stopped trial again, so a kill in between must not lose them."""
+    state, reports = tmp_path / "asha.json", tmp_path / "reports"
+    staging = tmp_path / "staging"
+    staging.mkdir()
+    s = _asha(state, reports_dir=reports)
+    a, b = _trial("a"), _trial("b", local_path=staging)
+    for t in (a, b):
+        s.on_trial_add(None, t)  # type: ignore[arg-type]
+    _report(s, a, 10, 0.9)
+    assert _report(s, b, 10, 0.1) == TrialScheduler.STOP
+    assert stopped_trials(str(state)) == set()  # Tune has not logged b's report yet
+    lines = '{"iteration": 10, "acc": 0.1}\n'
+    (staging / "result.json").write_text(lines)  # what Tune's JSON logger does next
+    s.on_trial_complete(None, b, {"iteration": 10, "acc": 0.1})  # type: ignore[arg-type]
+    assert stopped_trials(str(state)) == {"b"}
+    assert (reports / "b.jsonl").read_text() == lines
+    # a new scheduler (a resume) still stops it
+    again = _asha(state, reports_dir=reports)
+    again.on_trial_add(None, b)  # type: ignore[arg-type]
+    assert _report(again, b, 20, 0.99) == TrialScheduler.STOP

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from types import SimpleNamespace
 
 import pyarrow as pa
 import pytest
@@ -17,7 +18,9 @@ from study.storage import (
     read_bytes,
     read_json,
     read_table,
+    save_reports,
     to_uri,
+    trial_reports,
     write_bytes,
     write_json,
     write_parquet,
@@ -96,3 +99,26 @@ def test_a_remote_studys_journal_follows_it_to_another_machine(
     Path(paths.optuna_journal).write_bytes(b"line 1\nline 2\nline 3\n")  # this driver went on
     pull_journal(paths)
     assert Path(paths.optuna_journal).read_bytes() == b"line 1\nline 2\nline 3\n"
+
+
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_saved_reports_are_never_replaced_by_fewer(
+    tmp_path: Path, where: str, request: pytest.FixtureRequest
+) -> None:
+    """A trial's reports are saved as it ends; when a resume restarts an ended trial afresh it
+    returns without reporting, and its empty staging copy must not replace the saved one."""
+    root = str(tmp_path / "results") if where == "local" else f"{request.getfixturevalue('s3').bucket()}/p"
+    reports = StudyPaths(root, "study").reports_dir
+    staging = tmp_path / "staging"
+    staging.mkdir()
+    trial = SimpleNamespace(trial_id="abc", local_path=str(staging))
+    save_reports(trial, reports)
+    assert read_bytes(trial_reports(reports, "abc")) is None  # nothing logged yet: nothing saved
+    (staging / "result.json").write_text('{"iteration": 10}\n')
+    save_reports(trial, reports)
+    (staging / "result.json").write_text('{"iteration": 10}\n{"iteration": 20}\n')
+    save_reports(trial, reports)
+    assert read_bytes(trial_reports(reports, "abc")) == b'{"iteration": 10}\n{"iteration": 20}\n'
+    (staging / "result.json").write_text("")  # the restored trial's fresh staging copy
+    save_reports(trial, reports)
+    assert read_bytes(trial_reports(reports, "abc")) == b'{"iteration": 10}\n{"iteration": 20}\n'
