@@ -27,12 +27,12 @@ from ponder.halting import sample_halting_step
 from ponder.model import HaltedOutput, PonderNet
 from ponder.tasks import accuracy
 from ponder.trainer import Trainer
+from study.parquet import ENDED_WITH_RESULT
 from study.spec import SpecError, parse_spec
 from study.storage import CHECKPOINT_FILE, StudyPaths, list_studies, read_bytes, read_table
 
 __all__ = [
     "CHECKPOINT_FILE",
-    "ENDED",
     "EvaluateError",
     "Evaluation",
     "SetEvaluation",
@@ -40,8 +40,6 @@ __all__ = [
     "format_evaluation",
 ]
 
-ENDED = ("completed", "early_stopped")
-"""The statuses of trials the default "best trial" is chosen among."""
 HALTING_SEED = 104_729
 """Added to the trial's seed (and the set's index) to seed the halting coins: the same draws on every
 evaluation of a checkpoint, independent ones for each set."""
@@ -241,10 +239,14 @@ def _objective(paths: StudyPaths) -> tuple[str, str]:
 
 
 def _best(rows: list[dict[str, Any]], name: str, metric: str, mode: str) -> dict[str, Any]:
-    scored = [(v, r) for r in rows if r.get("status") in ENDED and (v := _finite(r.get(metric))) is not None]
+    scored = [
+        (v, r)
+        for r in rows
+        if r.get("status") in ENDED_WITH_RESULT and (v := _finite(r.get(metric))) is not None
+    ]
     if not scored:
         raise EvaluateError(
-            f"study {name!r} has no {' or '.join(ENDED)} trial with a value of {metric} yet; "
+            f"study {name!r} has no {' or '.join(ENDED_WITH_RESULT)} trial with a value of {metric} yet; "
             f"wait for one, or pass --trial ID ({_some_ids(rows)})"
         )
     pick = max if mode == "max" else min

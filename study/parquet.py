@@ -47,12 +47,13 @@ import pyarrow.compute as pc
 from ponder.config import CONFIGS
 from ponder.trainer import SET_LIST_METRICS, SET_METRICS, TIMING_KEYS, TRAIN_METRICS
 from study.pareto import pareto_mask
-from study.trainable import WORST
 
 __all__ = [
     "CANONICAL_SETS",
+    "ENDED_WITH_RESULT",
     "SCHEMA_VERSION",
     "STATUSES",
+    "WORST",
     "TrialRecord",
     "history_table",
     "parse_result_lines",
@@ -61,6 +62,12 @@ __all__ = [
 
 SCHEMA_VERSION = 2
 STATUSES = ("completed", "early_stopped", "diverged", "errored", "running", "pending")
+ENDED_WITH_RESULT = ("completed", "early_stopped")
+"""The statuses of trials that ended with a result: those ranked, put on a Pareto front, evaluated."""
+
+WORST = 1e30
+"""Magnitude of the trainable's stand-in for a non-finite objective (-WORST when maximising,
++WORST when minimising): never a real value, so the Parquet shows it as null."""
 CANONICAL_SETS = ("test", "easy", "hard", "extrapolation", "rot22.5", "rot45", "rot67.5", "rot90")
 
 
@@ -193,7 +200,7 @@ def _objective_key(metric: str, mode: str) -> Any:
 def _pareto(rows: Sequence[Mapping[str, Any]], objectives: Sequence[tuple[str, str]]) -> list[bool]:
     """Which rows are Pareto-optimal on ``objectives`` among the trials that ended with a result
     (completed or stopped early); a running, diverged or errored trial is never on the front."""
-    eligible = [i for i, r in enumerate(rows) if r["status"] in ("completed", "early_stopped")]
+    eligible = [i for i, r in enumerate(rows) if r["status"] in ENDED_WITH_RESULT]
     marks = [False] * len(rows)
     if not eligible or not objectives:
         return marks

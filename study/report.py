@@ -41,12 +41,12 @@ from matplotlib.patches import Patch
 from ponder.config import CONFIGS
 from ponder.halting import PriorTail, log_geometric_prior
 from study.pareto import pareto_mask
+from study.parquet import ENDED_WITH_RESULT
 from study.spec import NAME_PATTERN, SpecError, StudySpec, parse_spec
 from study.storage import StudyPaths, is_remote, read_bytes, read_json, read_table
 
 __all__ = [
     "PLOTS",
-    "RANKED_STATUSES",
     "Report",
     "ReportError",
     "pareto_front",
@@ -64,9 +64,6 @@ PLOTS = (
 )
 """The plot keys, in the order the index shows them; each is written as ``<key>.png``."""
 
-RANKED_STATUSES = ("completed", "early_stopped")
-"""Trials that ended normally: the ones "best" and "top N" choose from (a diverged or errored
-trial's last value is not a result, a running one's not final)."""
 
 TOP = 5
 """Trials drawn in colour in the per-step accuracy and learning curve plots."""
@@ -169,12 +166,13 @@ def write_report(name: str, storage: str = "results", out: str | None = None) ->
 
 
 def ranked_trials(trials: pd.DataFrame, metric: str, mode: str) -> pd.DataFrame:
-    """The trials that ended normally (`RANKED_STATUSES`) with a finite ``metric``, best first;
-    ties are broken by trial id so the order is the same on every read."""
+    """The trials that ended with a result (`ENDED_WITH_RESULT`) and a finite ``metric``, best
+    first; ties are broken by trial id so the order is the same on every read. A diverged or
+    errored trial's last value is not a result, a running one's is not final."""
     if metric not in trials.columns or "status" not in trials.columns:
         return trials.iloc[:0]
     values = pd.to_numeric(trials[metric], errors="coerce")
-    ok = trials[trials["status"].isin(RANKED_STATUSES) & np.isfinite(values)]
+    ok = trials[trials["status"].isin(ENDED_WITH_RESULT) & np.isfinite(values)]
     return ok.sort_values([metric, "trial_id"], ascending=[mode == "min", True], kind="mergesort")
 
 
@@ -194,7 +192,7 @@ def pareto_front(trials: pd.DataFrame, accuracy: str, steps: str) -> npt.NDArray
     values = np.column_stack(
         [pd.to_numeric(trials[accuracy], errors="coerce"), pd.to_numeric(trials[steps], errors="coerce")]
     ).astype(float)
-    eligible = trials["status"].isin(RANKED_STATUSES).to_numpy() & np.isfinite(values).all(axis=1)
+    eligible = trials["status"].isin(ENDED_WITH_RESULT).to_numpy() & np.isfinite(values).all(axis=1)
     if eligible.any():
         mask[eligible] = pareto_mask(values[eligible], ["max", "min"])
     return mask

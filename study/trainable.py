@@ -27,22 +27,18 @@ from ray import tune
 
 from ponder.config import config_from_dict
 from ponder.trainer import Metrics, Trainer
+from study.parquet import WORST
 from study.scheduler import stopped_trials
 from study.storage import CHECKPOINT_FILE, read_json
 
 __all__ = [
     "CHECKPOINT_FILE",
     "FAULT_ENV",
-    "WORST",
     "InjectedFault",
     "fault_iteration",
     "train_trial",
     "tune_metrics",
 ]
-
-WORST = 1e30
-"""Magnitude of the stand-in for a non-finite objective: -WORST when maximising, +WORST when minimising."""
-
 
 FAULT_ENV = "PONDER_STUDY_FAULT"
 

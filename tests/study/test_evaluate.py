@@ -13,7 +13,8 @@ import pyarrow as pa
 import pytest
 import torch
 
-from study.evaluate import ENDED, EvaluateError, Evaluation, evaluate_trial, format_evaluation
+from study.evaluate import EvaluateError, Evaluation, evaluate_trial, format_evaluation
+from study.parquet import ENDED_WITH_RESULT
 from study.storage import StudyPaths, read_bytes, read_table, write_bytes, write_parquet
 from tests.study.conftest import S3, trials
 
@@ -58,10 +59,10 @@ def _check_against_parquet(e: Evaluation, row: pd.Series) -> None:
 def test_the_default_is_the_best_ended_trial_by_the_studys_metric(smoke: Smoke, best: Evaluation) -> None:
     storage, _ = smoke
     df = trials(storage, NAME)
-    ended = df[df["status"].isin(ENDED)]
+    ended = df[df["status"].isin(ENDED_WITH_RESULT)]
     assert best.chosen_by == "test/halted_accuracy (max)"
     row = _row(storage, best.trial_id)
-    assert row["status"] in ENDED
+    assert row["status"] in ENDED_WITH_RESULT
     assert row["test/halted_accuracy"] == ended["test/halted_accuracy"].max()
     assert best.checkpoint == row["checkpoint_path"] and best.device == "cpu"
     _check_against_parquet(best, row)
@@ -70,7 +71,7 @@ def test_the_default_is_the_best_ended_trial_by_the_studys_metric(smoke: Smoke, 
 def test_a_named_trial_is_evaluated(smoke: Smoke, best: Evaluation) -> None:
     storage, _ = smoke
     df = trials(storage, NAME)
-    others = df[df["status"].isin(ENDED) & (df["trial_id"] != best.trial_id)]
+    others = df[df["status"].isin(ENDED_WITH_RESULT) & (df["trial_id"] != best.trial_id)]
     trial_id = str(others.sort_values("max_steps", ascending=False)["trial_id"].iloc[0])
     e = evaluate_trial(NAME, str(storage), trial_id, repeats=2)
     assert (e.trial_id, e.chosen_by, e.repeats) == (trial_id, None, 2)

@@ -136,7 +136,7 @@ def test_a_trial_in_the_ledger_is_final_even_if_tune_restored_it_as_running() ->
 
 
 def test_the_objective_stand_in_is_null_but_a_huge_config_value_is_kept() -> None:
-    from study.trainable import WORST
+    from study.parquet import WORST
 
     history = [_report(10, -WORST, "diverged")]
     rec = TrialRecord("t", "TERMINATED", {"task": "parity", "lr": 1e30}, history)
@@ -147,7 +147,7 @@ def test_the_objective_stand_in_is_null_but_a_huge_config_value_is_kept() -> Non
 
 @pytest.mark.parametrize("odd_int", [False, True], ids=["arrow-columns", "per-value-fallback"])
 def test_both_conversion_paths_give_the_same_nulls(odd_int: bool) -> None:
-    from study.trainable import WORST
+    from study.parquet import WORST
 
     r = _report(10, 0.5, "completed")
     r["test/per_step_accuracy"] = [0.5, math.nan, math.inf]
