@@ -165,18 +165,44 @@ def write_tables(
     return records
 
 
+EMPTIED_NOTE = "EMPTIED.txt"
+"""Left in a superseded checkpoint on an object store, where a directory is only its objects."""
+
+
 def _empty_superseded_checkpoints(trial: Trial, keep: str) -> None:
-    """Free the disk an ended trial's earlier checkpoints hold (one per report: ~200 KB each for
-    parity, GBs over a large study), keeping its last. The directories stay, empty: a restore
-    from a lagging experiment state checks that its checkpoint exists, then the trainable finds
-    the trial in the ledger and returns without reading it."""
-    if trial.storage is None or not isinstance(trial.storage.storage_filesystem, pafs.LocalFileSystem):
+    """Free the storage an ended trial's earlier checkpoints hold (one per report: ~200 KB each
+    for parity, GBs over a large study), keeping its last. The directories stay: a restore from
+    a lagging experiment state checks that its checkpoint exists, then the trainable finds the
+    trial in the ledger and returns without reading it. On an object store each keeps a short
+    note (`EMPTIED_NOTE`), without which the directory would vanish with its last file."""
+    if trial.storage is None or not trial.path:
         return
-    for d in Path(trial.path or "").glob("checkpoint_*"):
-        if d.is_dir() and os.path.abspath(d) != os.path.abspath(keep):
-            for f in d.iterdir():
-                if f.is_file():
-                    f.unlink()
+    fs = trial.storage.storage_filesystem
+    local = isinstance(fs, pafs.LocalFileSystem)
+
+    def norm(path: str) -> str:
+        return os.path.abspath(path) if local else path.strip("/")
+
+    for d in fs.get_file_info(pafs.FileSelector(trial.path)):
+        name = d.path.rstrip("/").rsplit("/", 1)[-1]
+        if (
+            d.type != pafs.FileType.Directory
+            or not name.startswith("checkpoint_")
+            or norm(d.path) == norm(keep)
+        ):
+            continue
+        files = [
+            f.path
+            for f in fs.get_file_info(pafs.FileSelector(d.path, recursive=True))
+            if f.type == pafs.FileType.File and not f.path.endswith(f"/{EMPTIED_NOTE}")
+        ]
+        if not files:
+            continue
+        if not local:
+            with fs.open_output_stream(f"{d.path.rstrip('/')}/{EMPTIED_NOTE}") as note:
+                note.write(b"Emptied when the trial ended: its last checkpoint holds the weights.\n")
+        for f in files:
+            fs.delete_file(f)
 
 
 class ParquetCallback(Callback):

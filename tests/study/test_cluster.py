@@ -21,6 +21,7 @@ import optuna
 import pandas as pd
 import pytest
 
+from study.runner import EMPTIED_NOTE
 from study.spec import load_spec
 from tests.study.conftest import S3, Driver, cli
 
@@ -113,6 +114,12 @@ def test_trials_spread_over_worker_nodes_and_land_in_s3(
     for path in df["checkpoint_path"]:  # a URI, and the weights are there
         assert path.startswith(f"{storage}/tune/spread/")
         assert f"{path.removeprefix('s3://')}/trainer.pt" in objects
+    # each trial's earlier checkpoints were emptied as it ended, each left with a note
+    for trial_id, kept, reports in df[["trial_id", "checkpoint_path", "reports"]].itertuples(index=False):
+        trial_dir = kept.removeprefix("s3://").rsplit("/", 1)[0]
+        mine = [o for o in objects if o.startswith(f"{trial_dir}/checkpoint_")]
+        assert [o for o in mine if o.endswith("/trainer.pt")] == [f"{kept.removeprefix('s3://')}/trainer.pt"]
+        assert sum(o.endswith(f"/{EMPTIED_NOTE}") for o in mine) == reports - 1, trial_id
 
     # the Optuna journal is copied next to the study: a resume elsewhere has the search history
     journal = tmp_path / "optuna.journal"
