@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import pandas as pd
 import torch
 from torch import nn
 
@@ -27,7 +28,7 @@ from ponder.halting import sample_halting_step
 from ponder.model import HaltedOutput, PonderNet
 from ponder.tasks import accuracy
 from ponder.trainer import Trainer
-from study.parquet import ENDED_WITH_RESULT
+from study.parquet import ENDED_WITH_RESULT, ranked_trials
 from study.spec import SpecError, parse_spec
 from study.storage import CHECKPOINT_FILE, StudyPaths, list_studies, read_bytes, read_table
 
@@ -239,18 +240,13 @@ def _objective(paths: StudyPaths) -> tuple[str, str]:
 
 
 def _best(rows: list[dict[str, Any]], name: str, metric: str, mode: str) -> dict[str, Any]:
-    scored = [
-        (v, r)
-        for r in rows
-        if r.get("status") in ENDED_WITH_RESULT and (v := _finite(r.get(metric))) is not None
-    ]
-    if not scored:
+    ranked = ranked_trials(pd.DataFrame(rows), metric, mode)  # the report's best trial too
+    if ranked.empty:
         raise EvaluateError(
             f"study {name!r} has no {' or '.join(ENDED_WITH_RESULT)} trial with a value of {metric} yet; "
             f"wait for one, or pass --trial ID ({_some_ids(rows)})"
         )
-    pick = max if mode == "max" else min
-    return pick(scored, key=lambda vr: vr[0])[1]  # the first of equals, in Parquet order
+    return _named(rows, name, str(ranked["trial_id"].iloc[0]))
 
 
 def _named(rows: list[dict[str, Any]], name: str, trial_id: str) -> dict[str, Any]:

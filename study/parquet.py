@@ -41,6 +41,7 @@ from functools import cached_property
 from typing import Any
 
 import numpy as np
+import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -56,7 +57,9 @@ __all__ = [
     "WORST",
     "TrialRecord",
     "history_table",
+    "pareto_marks",
     "parse_result_lines",
+    "ranked_trials",
     "trials_table",
 ]
 
@@ -197,7 +200,7 @@ def _objective_key(metric: str, mode: str) -> Any:
     return key
 
 
-def _pareto(rows: Sequence[Mapping[str, Any]], objectives: Sequence[tuple[str, str]]) -> list[bool]:
+def pareto_marks(rows: Sequence[Mapping[str, Any]], objectives: Sequence[tuple[str, str]]) -> list[bool]:
     """Which rows are Pareto-optimal on ``objectives`` among the trials that ended with a result
     (completed or stopped early); a running, diverged or errored trial is never on the front."""
     eligible = [i for i, r in enumerate(rows) if r["status"] in ENDED_WITH_RESULT]
@@ -213,6 +216,18 @@ def _pareto(rows: Sequence[Mapping[str, Any]], objectives: Sequence[tuple[str, s
     for i, on_front in zip(eligible, pareto_mask(values, [mode for _, mode in objectives]), strict=True):
         marks[i] = bool(on_front)
     return marks
+
+
+def ranked_trials(trials: pd.DataFrame, metric: str, mode: str) -> pd.DataFrame:
+    """Rows of a trials table that ended with a result (`ENDED_WITH_RESULT`) and a finite
+    ``metric``, best first; ties are broken by trial id so the order is the same on every read.
+    What "the best trial" means wherever it is named (the report, ``evaluate``). A diverged or
+    errored trial's last value is not a result, a running one's is not final."""
+    if metric not in trials.columns or "status" not in trials.columns:
+        return trials.iloc[:0]
+    values = pd.to_numeric(trials[metric], errors="coerce")
+    ok = trials[trials["status"].isin(ENDED_WITH_RESULT) & np.isfinite(values)]
+    return ok.sort_values([metric, "trial_id"], ascending=[mode == "min", True], kind="mergesort")
 
 
 def trials_table(
@@ -283,7 +298,7 @@ def trials_table(
         for f in scalar_metric_fields:
             row[f"best/{f.name}"] = best.get(f.name)
         rows.append(row)
-    for row, on_front in zip(rows, _pareto(rows, front), strict=True):
+    for row, on_front in zip(rows, pareto_marks(rows, front), strict=True):
         row["pareto"] = on_front
     return _table(rows, schema)
 

@@ -40,8 +40,7 @@ from matplotlib.patches import Patch
 
 from ponder.config import CONFIGS
 from ponder.halting import PriorTail, log_geometric_prior
-from study.pareto import pareto_mask
-from study.parquet import ENDED_WITH_RESULT
+from study.parquet import pareto_marks, ranked_trials
 from study.spec import NAME_PATTERN, SpecError, StudySpec, parse_spec
 from study.storage import StudyPaths, is_remote, read_bytes, read_json, read_table
 
@@ -50,7 +49,6 @@ __all__ = [
     "Report",
     "ReportError",
     "pareto_front",
-    "ranked_trials",
     "write_report",
 ]
 
@@ -165,37 +163,20 @@ def write_report(name: str, storage: str = "results", out: str | None = None) ->
     return Report(directory=out, index=index, plots=plots)
 
 
-def ranked_trials(trials: pd.DataFrame, metric: str, mode: str) -> pd.DataFrame:
-    """The trials that ended with a result (`ENDED_WITH_RESULT`) and a finite ``metric``, best
-    first; ties are broken by trial id so the order is the same on every read. A diverged or
-    errored trial's last value is not a result, a running one's is not final."""
-    if metric not in trials.columns or "status" not in trials.columns:
-        return trials.iloc[:0]
-    values = pd.to_numeric(trials[metric], errors="coerce")
-    ok = trials[trials["status"].isin(ENDED_WITH_RESULT) & np.isfinite(values)]
-    return ok.sort_values([metric, "trial_id"], ascending=[mode == "min", True], kind="mergesort")
-
-
 def pareto_front(trials: pd.DataFrame, accuracy: str, steps: str) -> npt.NDArray[np.bool_]:
     """Which rows of ``trials`` the Pareto plot marks as the front, a bool per row.
 
-    A trials table with a ``pareto`` column (a multi-objective study's) says so itself, and the
-    plot marks the same trials as the table. Otherwise the front is computed here: the trials
-    that ended normally whose ``accuracy`` (max) and ``steps`` (min) no such trial beats on both.
+    A trials table with a ``pareto`` column says so itself, and the plot marks the same trials
+    as the table. A table written before that column gets the front the export would give it:
+    the trials that ended with a result whose ``accuracy`` (max) and ``steps`` (min) no such
+    trial beats on both.
     """
-    n = len(trials)
     if _has_pareto_column(trials):
         return np.array([bool(v) if isinstance(v, bool | np.bool_) else False for v in trials["pareto"]])
-    mask = np.zeros(n, dtype=bool)
-    if n == 0 or accuracy not in trials.columns or steps not in trials.columns:
-        return mask
-    values = np.column_stack(
-        [pd.to_numeric(trials[accuracy], errors="coerce"), pd.to_numeric(trials[steps], errors="coerce")]
-    ).astype(float)
-    eligible = trials["status"].isin(ENDED_WITH_RESULT).to_numpy() & np.isfinite(values).all(axis=1)
-    if eligible.any():
-        mask[eligible] = pareto_mask(values[eligible], ["max", "min"])
-    return mask
+    if accuracy not in trials.columns or steps not in trials.columns:
+        return np.zeros(len(trials), dtype=bool)
+    records = trials.to_dict("records")
+    return np.array(pareto_marks(records, [(accuracy, "max"), (steps, "min")]), dtype=bool)
 
 
 def _has_pareto_column(trials: pd.DataFrame) -> bool:

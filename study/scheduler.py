@@ -81,11 +81,6 @@ class PersistentASHA(AsyncHyperBandScheduler):
             },
         )
 
-    @property
-    def stopped(self) -> set[str]:
-        """Trials this scheduler stopped before their budget."""
-        return self._stopped | self._stopping
-
     # -- scheduler hooks ------------------------------------------------------------------------
     def on_trial_add(self, tune_controller: TuneController, trial: Trial) -> None:
         if not self._loaded:

@@ -14,7 +14,8 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
-from study.report import PLOTS, Report, ReportError, pareto_front, ranked_trials, write_report
+from study.parquet import ranked_trials
+from study.report import PLOTS, Report, ReportError, pareto_front, write_report
 from study.spec import SPECS_DIR
 from study.storage import StudyPaths, write_bytes, write_parquet
 
