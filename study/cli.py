@@ -157,15 +157,16 @@ def _trials(paths: StudyPaths) -> pd.DataFrame | None:
     return None if table is None else table.to_pandas()
 
 
-def summary(paths: StudyPaths, metric: str = "test/halted_accuracy", top: int = 10) -> str:
-    """Trials by status and the top trials by ``metric``, from the study's Parquet."""
+def summary(paths: StudyPaths, metric: str = "test/halted_accuracy", mode: str = "max", top: int = 10) -> str:
+    """Trials by status and the top trials by ``metric`` (``mode``: which end is the top), from
+    the study's Parquet; running trials included, so that a study in progress shows its leaders."""
     df = _trials(paths)
     if df is None or df.empty:
         return f"study {paths.name}: no trial has finished yet"
     counts = df["status"].value_counts()
     lines = [f"study {paths.name}: {len(df)} trials: " + ", ".join(f"{n} {s}" for s, n in counts.items())]
     columns = [c for c in dict.fromkeys([*SUMMARY_COLUMNS, metric]) if c in df.columns]
-    best = df.sort_values(metric, ascending=False, na_position="last").head(top)[columns]
+    best = df.sort_values(metric, ascending=mode == "min", na_position="last").head(top)[columns]
     with pd.option_context(
         "display.width", 200, "display.max_columns", 20, "display.float_format", "{:.4g}".format
     ):
@@ -244,14 +245,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         else:  # status
             spec, paths = runner.load_study_spec(args.name, storage_arg or DEFAULT_STORAGE)
-            print(summary(paths, spec.metric))
+            print(summary(paths, spec.metric, spec.mode))
             return 0
     except OSError as e:  # pyarrow's errors reaching a remote storage (credentials, bucket, network)
         _fail(f"could not read or write storage {storage_arg or DEFAULT_STORAGE}: {' '.join(str(e).split())}")
     except refused as e:
         _fail(str(e))
     paths = outcome.paths
-    print(summary(paths, outcome.spec.metric))
+    print(summary(paths, outcome.spec.metric, outcome.spec.mode))
     if not outcome.finished:
         print(
             f"{PROG}: the study was interrupted before all its trials finished; "

@@ -9,9 +9,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pytest
 
+from study.cli import summary
 from study.spec import list_specs, load_spec, parse_spec
+from study.storage import StudyPaths, write_parquet
 from tests.study.conftest import cli, trials
 
 pytestmark = pytest.mark.slow
@@ -316,3 +319,16 @@ def test_the_storage_variable_is_the_default_storage(
     assert done.returncode == 0, done.stderr[-2000:]
     assert f"{load_spec('parity-smoke').search.num_samples} trials" in done.stdout
     assert str(storage) in done.stdout  # the Parquet it names is under that storage
+
+
+@pytest.mark.parametrize(("mode", "top"), [("min", "b"), ("max", "a")])
+def test_the_summary_puts_the_objectives_best_end_on_top(tmp_path: Path, mode: str, top: str) -> None:
+    """A study minimising its objective lists its lowest values first, one maximising its highest."""
+    paths = StudyPaths(str(tmp_path), "s")
+    table = pa.table(
+        {"trial_id": ["a", "b", "c"], "status": ["completed"] * 3, "train/loss": [0.9, 0.1, 0.5]}
+    )
+    write_parquet(paths.trials_parquet, table)
+    lines = summary(paths, "train/loss", mode).splitlines()
+    rows = lines[lines.index("top 3 by train/loss:") + 2 :][:3]
+    assert [r.split()[0] for r in rows] == [top, "c", "a" if top == "b" else "b"]
