@@ -9,6 +9,9 @@ trials. The trainable reads the same file: a trial ASHA stopped does not train a
 A stop is recorded once Tune has logged the report ASHA stopped the trial on, and after the
 trial's reports are saved in ``reports_dir`` (`on_trial_complete`), never before: a resume
 never trains a stopped trial again, so its reports must outlive a driver killed at that moment.
+
+Both schedulers a study uses (`PersistentASHA`, or `SnapshotFIFO` without early stopping) have
+Tune save its experiment state before a new trial first starts (`SnapshotBeforeStart`).
 """
 
 from __future__ import annotations
@@ -16,14 +19,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ray.tune.experiment import Trial
-from ray.tune.schedulers import AsyncHyperBandScheduler, TrialScheduler
+from ray.tune.schedulers import AsyncHyperBandScheduler, FIFOScheduler, TrialScheduler
 
 from study.storage import read_json, save_reports, write_json
 
 if TYPE_CHECKING:
     from ray.tune.execution.tune_controller import TuneController
 
-__all__ = ["PersistentASHA", "stopped_trials"]
+__all__ = ["PersistentASHA", "SnapshotBeforeStart", "SnapshotFIFO", "stopped_trials"]
 
 STATE_VERSION = 1
 
@@ -34,7 +37,37 @@ def stopped_trials(state_uri: str) -> set[str]:
     return set(state["stopped"]) if state else set()
 
 
-class PersistentASHA(AsyncHyperBandScheduler):
+class SnapshotBeforeStart(FIFOScheduler):
+    """A scheduler that has Tune save its experiment state before a new trial first starts.
+
+    Tune saves that state (the trials it knows, the searcher's) every 10 s or more. A trial
+    created and ended between two saves (a short trial, an early stop) is unknown to a resume
+    after a SIGKILL: the resume would ask Optuna for a new trial in its place and the ended one
+    would vanish from the study. One save per new trial, before it can train, closes that gap;
+    what a trial does afterwards is covered by its checkpoints and the study's ledgers.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[no-untyped-call]  # Ray: untyped
+        self._saved_trials: set[str] = set()  # trial ids Tune's saved state holds
+
+    def choose_trial_to_run(self, tune_controller: TuneController) -> Trial | None:
+        trial = super().choose_trial_to_run(tune_controller)
+        if trial is not None and trial.trial_id not in self._saved_trials:
+            # Schedulers get a wrapper that warns on controller calls outside its allow-list;
+            # `checkpoint` is the controller's own save, forced past its period and awaited.
+            controller = getattr(tune_controller, "_tune_controller", tune_controller)
+            controller.checkpoint(force=True, wait=True)
+            self._saved_trials.update(t.trial_id for t in controller.get_trials())
+        return trial
+
+
+class SnapshotFIFO(SnapshotBeforeStart):
+    """Tune's first-in-first-out scheduler (every trial runs its budget), saving Tune's state
+    before each new trial starts: the scheduler of a study without early stopping."""
+
+
+class PersistentASHA(SnapshotBeforeStart, AsyncHyperBandScheduler):
     """`AsyncHyperBandScheduler` that keeps its state in ``state_uri`` across restarts.
 
     ``time_attr`` is the training iteration the trainer reports (``iteration``), so the grace

@@ -11,7 +11,7 @@ from ray import tune
 from ray.tune.search import ConcurrencyLimiter
 from ray.tune.search.optuna import OptunaSearch
 
-from study.scheduler import PersistentASHA
+from study.scheduler import PersistentASHA, SnapshotFIFO
 from study.spec import Dimension, StudySpec
 from study.storage import StudyPaths
 
@@ -128,12 +128,12 @@ def make_searcher(spec: StudySpec, paths: StudyPaths) -> ConcurrencyLimiter:
     return ConcurrencyLimiter(searcher, max_concurrent=spec.search.max_concurrent)
 
 
-def make_scheduler(spec: StudySpec, paths: StudyPaths) -> PersistentASHA | None:
-    """ASHA over training iterations, its rungs persisted in the study's ``asha.json``; None
-    (every trial runs its budget) for a multi-objective study."""
+def make_scheduler(spec: StudySpec, paths: StudyPaths) -> PersistentASHA | SnapshotFIFO:
+    """ASHA over training iterations, its rungs persisted in the study's ``asha.json``; first in,
+    first out (every trial runs its budget) for a multi-objective study."""
     s = spec.scheduler
     if s is None:
-        return None
+        return SnapshotFIFO()
     return PersistentASHA(
         paths.asha,
         reports_dir=paths.reports_dir,

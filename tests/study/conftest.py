@@ -32,11 +32,16 @@ def cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
 class Driver:
     """``ponder-study ARGS`` running in its own process group, as in a terminal."""
 
-    def __init__(self, *args: str, log: Path) -> None:
+    def __init__(self, *args: str, log: Path, env: dict[str, str] | None = None) -> None:
         self.log = log
         self._out = log.open("w")
         self.proc = subprocess.Popen(
-            [*CLI, *args], stdout=self._out, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True
+            [*CLI, *args],
+            stdout=self._out,
+            stderr=subprocess.STDOUT,
+            cwd=REPO,
+            start_new_session=True,
+            env={**os.environ, **(env or {})},
         )
 
     def wait_until(self, predicate: Callable[[], bool], timeout: float = 240, poll: float = 0.2) -> None:
@@ -76,8 +81,8 @@ class Driver:
 def driver(tmp_path: Path) -> Iterator[Callable[..., Driver]]:
     started: list[Driver] = []
 
-    def start(*args: str) -> Driver:
-        d = Driver(*args, log=tmp_path / f"driver-{len(started)}.log")
+    def start(*args: str, env: dict[str, str] | None = None) -> Driver:
+        d = Driver(*args, log=tmp_path / f"driver-{len(started)}.log", env=env)
         started.append(d)
         return d
 

@@ -91,7 +91,11 @@ def test_ctrl_c_then_resume(driver: Callable[..., Driver], tmp_path: Path) -> No
 
 
 def test_sigkill_late_in_study_then_resume(driver: Callable[..., Driver], tmp_path: Path) -> None:
-    d = driver("run", NAME, "--storage", str(tmp_path), "--quiet")
+    """SIGKILL once most trials have ended, with Tune's periodic snapshots of its experiment
+    state an hour apart: trials created after the first snapshot and ended since must still be
+    known to the resume (a CI run once lost a short trial created and ended between two of
+    Tune's 10-second snapshots: the resume ran a new trial in its place)."""
+    d = driver("run", NAME, "--storage", str(tmp_path), "--quiet", env={"TUNE_GLOBAL_CHECKPOINT_S": "3600"})
     d.wait_until(finished(tmp_path, NAME, at_least=4))
     d.kill()
     _resume_and_check(tmp_path, tmp_path)
