@@ -11,9 +11,10 @@ from ray import tune
 from ray.tune.search import ConcurrencyLimiter
 from ray.tune.search.optuna import OptunaSearch
 
+from study.parquet import parse_result_lines
 from study.scheduler import PersistentASHA, SnapshotFIFO
 from study.spec import Dimension, StudySpec
-from study.storage import StudyPaths
+from study.storage import StudyPaths, read_bytes, trial_reports
 
 __all__ = [
     "DivergenceAwareOptunaSearch",
@@ -66,11 +67,18 @@ def _sampler(spec: StudySpec) -> optuna.samplers.BaseSampler:
 
 
 class DivergenceAwareOptunaSearch(OptunaSearch):
-    """OptunaSearch that tells Optuna a diverged trial FAILED, and that finds its journal where
-    this machine keeps it when Tune restores it.
+    """OptunaSearch that tells Optuna a diverged trial FAILED, that tells a restored trial's end
+    once and with the value it ended on, and that finds its journal where this machine keeps it
+    when Tune restores it.
 
     A diverged trial ends normally in Tune (it is not an error to retry) and reports a finite
     objective; without this, Optuna would record that stand-in value as a real result.
+
+    A restored trial that had already ended returns at once without a report. Tune records an
+    ASHA stop (``asha.json``) just before it tells the searcher; a driver killed in between would
+    leave that trial's end to the resume, and an empty result reads to Optuna as PRUNED, without
+    a value. The trial's reports are saved before any ledger ends it, so its last one is what
+    Optuna is told; a trial Optuna already knows the end of is not told again.
 
     Tune pickles the searcher with its Optuna study, and so with the journal's absolute path on
     the machine that started the study. A resume elsewhere (another head node, another cache
@@ -100,9 +108,24 @@ class DivergenceAwareOptunaSearch(OptunaSearch):
         super().restore(checkpoint_path)
         self._reopen_study()
 
+    def _told(self, trial_id: str) -> bool:
+        """Whether Optuna already has this trial's end (a restored trial that had ended)."""
+        asked = self._ot_trials.get(trial_id)
+        if asked is None or self._ot_study is None:
+            return False
+        trials = self._ot_study.get_trials(deepcopy=False)
+        frozen = next((t for t in reversed(trials) if t.number == asked.number), None)
+        return frozen is not None and frozen.state.is_finished()
+
     def on_trial_complete(
         self, trial_id: str, result: dict[str, Any] | None = None, error: bool = False
     ) -> None:
+        if self._told(trial_id):
+            return
+        data = read_bytes(trial_reports(self._paths.reports_dir, trial_id))
+        saved = parse_result_lines(data.decode()) if data is not None else []
+        if saved and not error:  # saved only once the trial ended: its last report is its end
+            result = saved[-1]
         if result is not None and result.get("outcome") == "diverged":
             result, error = None, True
         super().on_trial_complete(trial_id, result, error)
