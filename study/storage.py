@@ -184,7 +184,8 @@ def read_bytes(uri: str) -> bytes | None:
 
 
 def read_table(uri: str) -> pa.Table | None:
-    """A Parquet file as an Arrow table, or None when there is no such file."""
+    """A Parquet file as an Arrow table, or None when there is no such file. Read whole in one
+    go: pyarrow's own path reader opens a file twice, which a running study's rewrite can tear."""
     data = read_bytes(uri)
     return None if data is None else pq.read_table(pa.BufferReader(data))
 

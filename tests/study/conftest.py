@@ -18,7 +18,7 @@ import pandas as pd
 import pyarrow.fs as pafs
 import pytest
 
-from study.storage import StudyPaths
+from study.storage import StudyPaths, read_table
 
 CLI = [sys.executable, "-m", "study"]
 REPO = Path(__file__).resolve().parents[2]
@@ -119,14 +119,22 @@ def history(storage: Path, name: str) -> pd.DataFrame:
     return pd.read_parquet(storage / "history" / f"study={name}")
 
 
+def read_live(uri: str) -> pd.DataFrame | None:
+    """A Parquet file a running study may be rewriting, read whole in one go (None if absent).
+
+    The study replaces it atomically, but ``pd.read_parquet(path)`` opens a file twice (footer,
+    then pages): a replacement in between reads one file's footer against the other's pages."""
+    table = read_table(uri)
+    return None if table is None else table.to_pandas()
+
+
 def finished(storage: Path, name: str, at_least: int) -> Callable[[], bool]:
     """True once the study's Parquet shows ``at_least`` trials that ended."""
 
     def check() -> bool:
-        path = storage / "trials" / f"study={name}" / "trials.parquet"
-        if not path.exists():
+        df = read_live(str(storage / "trials" / f"study={name}" / "trials.parquet"))
+        if df is None:
             return False
-        df = pd.read_parquet(path)
         return int(df["status"].isin(["completed", "early_stopped", "diverged"]).sum()) >= at_least
 
     return check

@@ -23,7 +23,7 @@ import pytest
 
 from study.runner import EMPTIED_NOTE
 from study.spec import load_spec
-from tests.study.conftest import S3, Driver, cli
+from tests.study.conftest import S3, Driver, cli, read_live
 
 pytestmark = pytest.mark.slow
 WORKER_IPS = ("127.0.0.2", "127.0.0.3")
@@ -147,12 +147,10 @@ def test_an_interrupted_cluster_study_resumes_from_s3_on_another_machine(
         "run", str(spec), "--name", "again", "--address", cluster.address, "--storage", storage, "--quiet",
         log=tmp_path / "driver.log",
     )  # fmt: skip
-    trials_uri = f"{storage}/trials/study=again/trials.parquet".removeprefix("s3://")
 
-    def one_ended() -> bool:
-        if trials_uri not in s3.files(f"{storage}/trials"):
-            return False
-        return bool((_read(s3, f"{storage}/trials/study=again")["status"] == "completed").any())
+    def one_ended() -> bool:  # read whole: the running study rewrites the file
+        df = read_live(f"{storage}/trials/study=again/trials.parquet")
+        return df is not None and bool((df["status"] == "completed").any())
 
     try:
         run.wait_until(one_ended, timeout=240)
