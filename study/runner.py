@@ -160,8 +160,10 @@ def write_tables(
                 cache.records[t.trial_id] = rec
         records.append(rec)
     table = trials_table(records, spec.metric, spec.mode, spec.front_objectives)
-    write_parquet(paths.trials_parquet, table)
+    # history first: a driver killed between the two writes leaves every trial the trials file
+    # shows (an ended one included) with its reports in history, never the other way round
     write_parquet(paths.history_parquet, history_table(records))
+    write_parquet(paths.trials_parquet, table)
     return records
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +12,7 @@ import pandas as pd
 import pytest
 
 from study.spec import load_spec
-from study.storage import StudyPaths
+from study.storage import StudyPaths, write_parquet
 from tests.study.conftest import cli, history, trials
 
 pytestmark = pytest.mark.slow
@@ -106,6 +107,37 @@ def test_status_and_export_read_the_same_study(smoke: tuple[Path, Any]) -> None:
         before.sort_values("trial_id").reset_index(drop=True),
         after.sort_values("trial_id").reset_index(drop=True),
     )
+
+
+def test_an_export_killed_between_its_two_writes_leaves_no_trial_without_its_reports(
+    smoke: tuple[Path, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The two Parquet files are written one after the other; a driver killed in between must
+    not leave the trials file showing a trial whose reports history lacks (a CI run read an
+    ended trial without its rows). Here the study's history is an older one (no rows at all)
+    and the export dies at its second write."""
+    from study import runner
+
+    storage = tmp_path / "copy"
+    shutil.copytree(smoke[0], storage)
+    paths = StudyPaths(str(storage), "parity-smoke")
+    Path(paths.history_parquet).unlink()
+    written: list[str] = []
+
+    def write_then_die(uri: str, table: Any) -> None:
+        if written:
+            raise KeyboardInterrupt("killed between the two writes")
+        written.append(uri)
+        write_parquet(uri, table)
+
+    monkeypatch.setattr(runner, "write_parquet", write_then_die)
+    with pytest.raises(KeyboardInterrupt):
+        runner.export("parity-smoke", str(storage))
+    shown = trials(storage, "parity-smoke")
+    h = history(storage, "parity-smoke")  # no file left: a frame without columns
+    rows = h.groupby("trial_id").size() if "trial_id" in h else pd.Series(dtype=int)
+    rows = rows.reindex(shown["trial_id"], fill_value=0)
+    assert (rows.to_numpy() == shown["reports"].to_numpy()).all(), rows.to_dict()
 
 
 DIVERGING = """
