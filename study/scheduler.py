@@ -10,8 +10,8 @@ A stop is recorded once Tune has logged the report ASHA stopped the trial on, an
 trial's reports are saved in ``reports_dir`` (`on_trial_complete`), never before: a resume
 never trains a stopped trial again, so its reports must outlive a driver killed at that moment.
 
-Both schedulers a study uses (`PersistentASHA`, or `SnapshotFIFO` without early stopping) have
-Tune save its experiment state before a new trial first starts (`SnapshotBeforeStart`).
+Both schedulers a study uses (`PersistentASHA`, or `SnapshotBeforeStart` itself, first in first
+out, without early stopping) have Tune save its experiment state before a new trial first starts.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from study.storage import read_json, save_reports, write_json
 if TYPE_CHECKING:
     from ray.tune.execution.tune_controller import TuneController
 
-__all__ = ["PersistentASHA", "SnapshotBeforeStart", "SnapshotFIFO", "stopped_trials"]
+__all__ = ["PersistentASHA", "SnapshotBeforeStart", "stopped_trials"]
 
 STATE_VERSION = 1
 
@@ -38,7 +38,8 @@ def stopped_trials(state_uri: str) -> set[str]:
 
 
 class SnapshotBeforeStart(FIFOScheduler):
-    """A scheduler that has Tune save its experiment state before a new trial first starts.
+    """Tune's first-in-first-out scheduler, having Tune save its experiment state before a new
+    trial first starts: as it is, the scheduler of a study without early stopping.
 
     Tune saves that state (the trials it knows, the searcher's) every 10 s or more. A trial
     created and ended between two saves (a short trial, an early stop) is unknown to a resume
@@ -60,11 +61,6 @@ class SnapshotBeforeStart(FIFOScheduler):
             controller.checkpoint(force=True, wait=True)
             self._saved_trials.update(t.trial_id for t in controller.get_trials())
         return trial
-
-
-class SnapshotFIFO(SnapshotBeforeStart):
-    """Tune's first-in-first-out scheduler (every trial runs its budget), saving Tune's state
-    before each new trial starts: the scheduler of a study without early stopping."""
 
 
 class PersistentASHA(SnapshotBeforeStart, AsyncHyperBandScheduler):

@@ -12,7 +12,7 @@ from ray.tune.search import ConcurrencyLimiter
 from ray.tune.search.optuna import OptunaSearch
 
 from study.parquet import parse_result_lines
-from study.scheduler import PersistentASHA, SnapshotFIFO
+from study.scheduler import PersistentASHA, SnapshotBeforeStart
 from study.spec import Dimension, StudySpec
 from study.storage import StudyPaths, read_bytes, trial_reports
 
@@ -151,12 +151,12 @@ def make_searcher(spec: StudySpec, paths: StudyPaths) -> ConcurrencyLimiter:
     return ConcurrencyLimiter(searcher, max_concurrent=spec.search.max_concurrent)
 
 
-def make_scheduler(spec: StudySpec, paths: StudyPaths) -> PersistentASHA | SnapshotFIFO:
+def make_scheduler(spec: StudySpec, paths: StudyPaths) -> PersistentASHA | SnapshotBeforeStart:
     """ASHA over training iterations, its rungs persisted in the study's ``asha.json``; first in,
     first out (every trial runs its budget) for a multi-objective study."""
     s = spec.scheduler
     if s is None:
-        return SnapshotFIFO()
+        return SnapshotBeforeStart()
     return PersistentASHA(
         paths.asha,
         reports_dir=paths.reports_dir,
