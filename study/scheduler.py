@@ -7,11 +7,17 @@ resume new trials would be judged against nothing and a trial ASHA had stopped c
 trials. The trainable reads the same file: a trial ASHA stopped does not train again.
 
 A stop is recorded once Tune has logged the report ASHA stopped the trial on, and after the
-trial's reports are saved in ``reports_dir`` (`on_trial_complete`), never before: a resume
-never trains a stopped trial again, so its reports must outlive a driver killed at that moment.
+trial's reports are saved (`on_trial_complete`), never before: a resume never trains a stopped
+trial again, so its reports must outlive a driver killed at that moment.
 
 Both schedulers a study uses (`PersistentASHA`, or `SnapshotBeforeStart` itself, first in first
-out, without early stopping) have Tune save its experiment state before a new trial first starts.
+out, without early stopping) do two things for the study's records, because Tune tells the
+scheduler of a trial's end before the searcher and the callbacks, and asks it before trials
+start:
+
+- the end of a trial is written first of all, as its end record (`study.records`), after its
+  reports are saved;
+- Tune saves its experiment state before any trial it has not saved yet can start.
 """
 
 from __future__ import annotations
@@ -21,7 +27,8 @@ from typing import TYPE_CHECKING, Any
 from ray.tune.experiment import Trial
 from ray.tune.schedulers import AsyncHyperBandScheduler, FIFOScheduler, TrialScheduler
 
-from study.storage import read_json, save_reports, write_json
+from study.records import EndRecord, relative_to_root, write_end_record
+from study.storage import StudyPaths, read_json, save_reports, write_json
 
 if TYPE_CHECKING:
     from ray.tune.execution.tune_controller import TuneController
@@ -37,30 +44,81 @@ def stopped_trials(state_uri: str) -> set[str]:
     return set(state["stopped"]) if state else set()
 
 
+def _nest_config(flat: dict[str, Any]) -> dict[str, Any]:
+    """Tune's flat result (``config/lambda_p``) with its config nested again; metric names keep
+    their slashes (``test/halted_accuracy`` is one key)."""
+    out = {k: v for k, v in flat.items() if not k.startswith("config/")}
+    out["config"] = {k.removeprefix("config/"): v for k, v in flat.items() if k.startswith("config/")}
+    return out
+
+
+def _outcome(trial: Trial, result: dict[str, Any] | None, stopped: bool) -> str:
+    if stopped:
+        return "early_stopped"
+    last = result or trial.last_result or {}
+    return "diverged" if last.get("outcome") == "diverged" else "completed"
+
+
 class SnapshotBeforeStart(FIFOScheduler):
-    """Tune's first-in-first-out scheduler, having Tune save its experiment state before a new
-    trial first starts: as it is, the scheduler of a study without early stopping.
+    """Tune's first-in-first-out scheduler that writes each trial's end record the moment it ends
+    and has Tune save its experiment state before any trial it has not saved can start: as it
+    is, the scheduler of a study without early stopping.
 
     Tune saves that state (the trials it knows, the searcher's) every 10 s or more. A trial
-    created and ended between two saves (a short trial, an early stop) is unknown to a resume
-    after a SIGKILL: the resume would ask Optuna for a new trial in its place and the ended one
-    would vanish from the study. One save per new trial, before it can train, closes that gap;
-    what a trial does afterwards is covered by its checkpoints and the study's ledgers.
+    created and ended between two saves (a short trial, an early stop) would be unknown to a
+    resume after a SIGKILL, which would ask Optuna for a new trial in its place. Tune starts
+    trials in two ways each step, the one this scheduler chooses and then every other pending
+    one, both after the searcher added new trials; so the save runs here whenever Tune holds a
+    trial its saved state lacks, before either can start.
     """
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, paths: StudyPaths | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[no-untyped-call]  # Ray: untyped
+        self.paths = paths
         self._saved_trials: set[str] = set()  # trial ids Tune's saved state holds
 
+    def __setstate__(self, state: dict[str, Any]) -> None:  # restored: Tune saves again first
+        self.__dict__.update(state)
+        self._saved_trials = set()
+
     def choose_trial_to_run(self, tune_controller: TuneController) -> Trial | None:
-        trial = super().choose_trial_to_run(tune_controller)
-        if trial is not None and trial.trial_id not in self._saved_trials:
-            # Schedulers get a wrapper that warns on controller calls outside its allow-list;
-            # `checkpoint` is the controller's own save, forced past its period and awaited.
-            controller = getattr(tune_controller, "_tune_controller", tune_controller)
+        # Schedulers get a wrapper that warns on controller calls outside its allow-list;
+        # `checkpoint` is the controller's own save, forced past its period and awaited.
+        controller = getattr(tune_controller, "_tune_controller", tune_controller)
+        trials = controller.get_trials()
+        if any(t.trial_id not in self._saved_trials for t in trials):
             controller.checkpoint(force=True, wait=True)
-            self._saved_trials.update(t.trial_id for t in controller.get_trials())
-        return trial
+            self._saved_trials.update(t.trial_id for t in trials)
+        return super().choose_trial_to_run(tune_controller)
+
+    def on_trial_complete(
+        self, tune_controller: TuneController, trial: Trial, result: dict[str, Any]
+    ) -> None:
+        self._record_end(trial, result, stopped=False)
+        super().on_trial_complete(tune_controller, trial, result)
+
+    def _record_end(self, trial: Trial, result: dict[str, Any] | None, stopped: bool) -> None:
+        """The trial's reports, then its end record (create-if-absent: a restored trial that had
+        ended keeps its first record)."""
+        if self.paths is None:
+            return
+        save_reports(trial, self.paths.reports_dir)
+        # Tune's own last result (nested, as its table reads it); schedulers are handed a flat copy
+        last = dict(trial.last_result or {}) or _nest_config(result or {})
+        checkpoint = trial.checkpoint
+        write_end_record(
+            self.paths,
+            EndRecord(
+                trial_id=trial.trial_id,
+                outcome=_outcome(trial, last, stopped),
+                iteration=int(last.get("iteration") or 0),
+                config=dict(trial.config),
+                last_result=last,
+                checkpoint=relative_to_root(
+                    self.paths.root_fs_path, checkpoint.path if checkpoint is not None else None
+                ),
+            ),
+        )
 
 
 class PersistentASHA(SnapshotBeforeStart, AsyncHyperBandScheduler):
@@ -70,15 +128,18 @@ class PersistentASHA(SnapshotBeforeStart, AsyncHyperBandScheduler):
     period and the budget are in gradient steps, not in reports.
     """
 
-    def __init__(self, state_uri: str, reports_dir: str | None = None, **kwargs: Any) -> None:
+    def __init__(self, state_uri: str, paths: StudyPaths | None = None, **kwargs: Any) -> None:
         kwargs.setdefault("stop_last_trials", False)  # a trial ends by itself at its budget
-        super().__init__(**kwargs)
+        super().__init__(paths=paths, **kwargs)
         self._state_uri = state_uri
-        self._reports_dir = reports_dir
         self._stopped: set[str] = set()
         self._stopping: set[str] = set()  # stopped, not yet recorded (see on_trial_complete)
         self._assigned: dict[str, int] = {}  # trial id -> bracket index
         self._loaded = False
+
+    def rebind(self, paths: StudyPaths) -> None:
+        """Point at the study where it is now (Tune restores the scheduler with its old paths)."""
+        self.paths, self._state_uri = paths, paths.asha
 
     # -- persistence ----------------------------------------------------------------------------
     def _load(self) -> None:
@@ -137,9 +198,11 @@ class PersistentASHA(SnapshotBeforeStart, AsyncHyperBandScheduler):
     def on_trial_complete(
         self, tune_controller: TuneController, trial: Trial, result: dict[str, Any]
     ) -> None:
+        stopping = trial.trial_id in self._stopping
+        self._record_end(trial, result, stopped=stopping)  # first of all
         before = self._snapshot()
-        super().on_trial_complete(tune_controller, trial, result)
-        if trial.trial_id in self._stopping:
+        AsyncHyperBandScheduler.on_trial_complete(self, tune_controller, trial, result)
+        if stopping:
             self._record_stop(trial)
         elif self._snapshot() != before:
             self._save()
@@ -147,14 +210,21 @@ class PersistentASHA(SnapshotBeforeStart, AsyncHyperBandScheduler):
     def on_trial_remove(self, tune_controller: TuneController, trial: Trial) -> None:
         super().on_trial_remove(tune_controller, trial)
         if trial.trial_id in self._stopping:
+            self._record_end(trial, None, stopped=True)
             self._record_stop(trial)
 
     def _record_stop(self, trial: Trial) -> None:
-        if self._reports_dir is not None:
-            save_reports(trial, self._reports_dir)  # saved before asha.json ends the trial
         self._stopping.discard(trial.trial_id)
         self._stopped.add(trial.trial_id)
         self._save()
+
+    def replay_stop(self, trial_id: str) -> None:
+        """A stop the end records hold and ``asha.json`` may not (a kill between the two)."""
+        if not self._loaded:
+            self._load()
+        if trial_id not in self._stopped:
+            self._stopped.add(trial_id)
+            self._save()
 
     def _snapshot(self) -> int:
         return sum(len(r) for b in self._brackets for _, r in b._rungs)

@@ -7,8 +7,10 @@ A study named N under the storage root R::
     R/studies/N/optuna.journal     the Optuna study (``optuna-dashboard`` opens it); on an object
                                    store, a copy of the driver's local journal (see below)
     R/studies/N/asha.json          ASHA's rungs and the trials it stopped (Ray does not keep them)
-    R/studies/N/ended.json         every trial that ended, with its final checkpoint: the record a
-                                   resume trusts even when Tune's own state lags behind it
+    R/studies/N/ended/T.json       how trial T ended (outcome, config, last report, checkpoint),
+                                   written once when it ends: the record a resume and every reader
+                                   trust even when Tune's own state lags behind it (`study.records`)
+    R/studies/N/lease.json         who runs the study now (host, pid, since when), `study.lease`
     R/studies/N/reports/T.jsonl    trial T's reports, saved before a ledger records T's end
                                    (Tune's copy of them lags, and a resume can empty it)
     R/trials/study=N/trials.parquet    one row per trial
@@ -40,13 +42,16 @@ __all__ = [
     "CHECKPOINT_FILE",
     "JOURNAL_CACHE_ENV",
     "StudyPaths",
+    "create_bytes",
     "is_remote",
     "is_shared",
+    "join",
     "journal_cache",
     "list_studies",
     "read_bytes",
     "read_json",
     "read_table",
+    "resolve",
     "save_reports",
     "to_uri",
     "trial_reports",
@@ -79,14 +84,15 @@ def _local(uri: str) -> str:
     return os.path.abspath(uri.removeprefix("file://"))
 
 
-def _resolve(uri: str) -> tuple[pafs.FileSystem, str]:
+def resolve(uri: str) -> tuple[pafs.FileSystem, str]:
     if is_remote(uri):
         fs, path = pafs.FileSystem.from_uri(uri)
         return fs, path
     return pafs.LocalFileSystem(), _local(uri)
 
 
-def _join(root: str, *parts: str) -> str:
+def join(root: str, *parts: str) -> str:
+    """``root`` (a path or URI) joined with ``parts``, in the form of ``root``."""
     if is_remote(root):
         return "/".join([root.rstrip("/"), *parts])
     return os.path.join(_local(root), *parts)
@@ -117,56 +123,75 @@ class StudyPaths:
     @property
     def tune_root(self) -> str:
         """Tune's ``storage_path``; the experiment is ``tune_root/name``."""
-        return _join(self.root, "tune")
+        return join(self.root, "tune")
 
     @property
     def experiment(self) -> str:
-        return _join(self.root, "tune", self.name)
+        return join(self.root, "tune", self.name)
 
     @property
     def study_dir(self) -> str:
-        return _join(self.root, "studies", self.name)
+        return join(self.root, "studies", self.name)
 
     @property
     def spec(self) -> str:
-        return _join(self.study_dir, "spec.toml")
+        return join(self.study_dir, "spec.toml")
 
     @property
     def asha(self) -> str:
-        return _join(self.study_dir, "asha.json")
+        return join(self.study_dir, "asha.json")
 
     @property
     def ended(self) -> str:
-        return _join(self.study_dir, "ended.json")
+        """The ledger of studies started before end records (trial id -> checkpoint)."""
+        return join(self.study_dir, "ended.json")
+
+    @property
+    def ended_dir(self) -> str:
+        """``<trial_id>.json``: each ended trial's end record (`study.records`)."""
+        return join(self.study_dir, "ended")
+
+    def end_record(self, trial_id: str) -> str:
+        return join(self.study_dir, "ended", f"{trial_id}.json")
+
+    @property
+    def lease(self) -> str:
+        """Who holds the study now (`study.lease`)."""
+        return join(self.study_dir, "lease.json")
+
+    @property
+    def root_fs_path(self) -> str:
+        """The storage root as a path inside its filesystem (``bucket/prefix`` for S3)."""
+        return resolve(self.root)[1]
 
     @property
     def reports_dir(self) -> str:
         """``<trial_id>.jsonl``: each ended trial's reports, saved before a ledger records it."""
-        return _join(self.study_dir, "reports")
+        return join(self.study_dir, "reports")
 
     @property
     def optuna_journal(self) -> str:
         """A local file: Optuna's journal needs a file lock, which object stores do not have."""
         if is_remote(self.root):
             return journal_cache(self.root, self.name)
-        return _join(self.study_dir, "optuna.journal")
+        return join(self.study_dir, "optuna.journal")
 
     @property
     def optuna_journal_copy(self) -> str | None:
         """The journal's copy in the study directory, for a remote root (None for a local one)."""
-        return _join(self.study_dir, "optuna.journal") if is_remote(self.root) else None
+        return join(self.study_dir, "optuna.journal") if is_remote(self.root) else None
 
     @property
     def trials_dataset(self) -> str:
-        return _join(self.root, "trials")
+        return join(self.root, "trials")
 
     @property
     def trials_parquet(self) -> str:
-        return _join(self.root, "trials", f"study={self.name}", "trials.parquet")
+        return join(self.root, "trials", f"study={self.name}", "trials.parquet")
 
     @property
     def history_parquet(self) -> str:
-        return _join(self.root, "history", f"study={self.name}", "history.parquet")
+        return join(self.root, "history", f"study={self.name}", "history.parquet")
 
     def exists(self) -> bool:
         """Whether a study of this name was started here (its spec was saved)."""
@@ -175,7 +200,7 @@ class StudyPaths:
 
 def read_bytes(uri: str) -> bytes | None:
     """The file's bytes, or None when there is no such file."""
-    fs, path = _resolve(uri)
+    fs, path = resolve(uri)
     if fs.get_file_info(path).type != pafs.FileType.File:
         return None
     with fs.open_input_stream(path) as f:
@@ -192,7 +217,7 @@ def read_table(uri: str) -> pa.Table | None:
 
 def list_studies(root: str) -> list[str]:
     """The names of the studies started under ``root`` (those whose spec was saved)."""
-    fs, path = _resolve(_join(root, "studies"))
+    fs, path = resolve(join(root, "studies"))
     if fs.get_file_info(path).type != pafs.FileType.Directory:
         return []
     names = []
@@ -206,7 +231,7 @@ def list_studies(root: str) -> list[str]:
 
 def write_bytes(uri: str, data: bytes) -> None:
     """Replace the file atomically: temporary file then rename locally, one PUT on object stores."""
-    _write(*_resolve(uri), data)
+    _write(*resolve(uri), data)
 
 
 def _write(fs: pafs.FileSystem, path: str, data: bytes) -> None:
@@ -227,6 +252,34 @@ def _write(fs: pafs.FileSystem, path: str, data: bytes) -> None:
         f.write(data)
 
 
+def create_bytes(uri: str, data: bytes) -> bool:
+    """Write the file only if it does not exist; returns whether this call created it.
+
+    Locally the bytes go to a temporary file hard-linked into place, which fails if the name
+    exists: create-if-absent and never torn. On an object store the check and the PUT are two
+    requests; the study's lease keeps a second writer away."""
+    fs, path = resolve(uri)
+    if isinstance(fs, pafs.LocalFileSystem):
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=f".{os.path.basename(path)}.")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            try:
+                os.link(tmp, path)
+            except FileExistsError:
+                return False
+        finally:
+            Path(tmp).unlink(missing_ok=True)
+        return True
+    if fs.get_file_info(path).type == pafs.FileType.File:
+        return False
+    _write(fs, path, data)
+    return True
+
+
 def save_reports(trial: Any, reports_dir: str) -> None:
     """Save a Tune trial's reports (its ``result.json``, from the driver's staging directory)
     as ``<reports_dir>/<trial_id>.jsonl``, before a ledger records the trial's end.
@@ -237,12 +290,15 @@ def save_reports(trial: Any, reports_dir: str) -> None:
     trial afresh, emptying that copy: without this one, a driver killed at the wrong moment
     would lose every report of a trial that never runs again. A copy already saved is only
     replaced by a longer one."""
-    local_dir = getattr(trial, "local_path", None)
+    try:
+        local_dir = trial.local_path
+    except (AttributeError, RuntimeError):  # Tune's trial without a directory yet
+        return
     if not local_dir or not Path(local_dir, "result.json").exists():
         return
     data = Path(local_dir, "result.json").read_bytes()
     uri = trial_reports(reports_dir, trial.trial_id)
-    fs, path = _resolve(uri)
+    fs, path = resolve(uri)
     saved = fs.get_file_info(path)
     # a restored trial that had ended returns without reporting: its staging copy is empty
     if saved.type == pafs.FileType.File and (saved.size or 0) >= len(data):
@@ -252,7 +308,7 @@ def save_reports(trial: Any, reports_dir: str) -> None:
 
 def trial_reports(reports_dir: str, trial_id: str) -> str:
     """Where `save_reports` keeps one trial's reports."""
-    return _join(reports_dir, f"{trial_id}.jsonl")
+    return join(reports_dir, f"{trial_id}.jsonl")
 
 
 def read_json(uri: str) -> Any:

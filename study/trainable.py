@@ -28,8 +28,8 @@ from ray import tune
 from ponder.config import config_from_dict
 from ponder.trainer import Metrics, Trainer
 from study.parquet import WORST
-from study.scheduler import stopped_trials
-from study.storage import CHECKPOINT_FILE, read_json
+from study.records import has_ended
+from study.storage import CHECKPOINT_FILE, StudyPaths
 
 __all__ = [
     "CHECKPOINT_FILE",
@@ -84,19 +84,18 @@ def train_trial(
     config: dict[str, Any],
     *,
     objectives: Mapping[str, str],
-    asha_state: str,
-    ledger: str,
+    paths: StudyPaths,
     threads: int,
 ) -> None:
     """Train one trial, resuming from Tune's checkpoint when there is one.
 
-    A restored trial that had already ended (in the study's ledger, stopped by ASHA, or
-    finished in its checkpoint) returns at once without training or reporting: nothing runs
-    twice, even when the driver was killed before Tune saved the trial's end.
+    A trial that had already ended (it has an end record, or its checkpoint says it finished)
+    returns at once without training or reporting: nothing runs twice, even when Tune's saved
+    state lags behind the study's records.
     """
     torch.set_num_threads(threads)
     trial_id = tune.get_context().get_trial_id()
-    if trial_id in (read_json(ledger) or {}) or trial_id in stopped_trials(asha_state):
+    if has_ended(paths, trial_id):
         return
     checkpoint = tune.get_checkpoint()
     if checkpoint is not None:

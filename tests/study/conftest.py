@@ -94,19 +94,20 @@ def driver(tmp_path: Path) -> Iterator[Callable[..., Driver]]:
 
 
 def ledger_has(storage: Path, name: str, how: str) -> Callable[[], bool]:
-    """True the instant the study's ledgers record a trial that ended ``how``: ``"completed"``
-    (in ``ended.json``, not stopped by ASHA) or ``"stopped"`` (in ``asha.json``'s stops). Both
-    are written the moment a trial ends, before the Parquet is rewritten."""
-    paths = StudyPaths(str(storage), name)
+    """True the instant the study's end records hold a trial that ended ``how``: ``"completed"``
+    (it reached its budget) or ``"stopped"`` (ASHA stopped it). A record is written the moment
+    a trial ends, before the Parquet is rewritten and before Tune saves its state."""
+    ended = Path(StudyPaths(str(storage), name).ended_dir)
+    outcome = {"completed": "completed", "stopped": "early_stopped"}[how]
 
     def check() -> bool:
         try:
-            stopped = set(json.loads(Path(paths.asha).read_text())["stopped"])
-            if how == "stopped":
-                return bool(stopped)
-            return bool(set(json.loads(Path(paths.ended).read_text())) - stopped)
-        except (FileNotFoundError, json.JSONDecodeError):
+            for path in ended.glob("*.json"):
+                if json.loads(path.read_text())["outcome"] == outcome:
+                    return True
+        except (FileNotFoundError, json.JSONDecodeError, KeyError):
             return False
+        return False
 
     return check
 

@@ -9,13 +9,15 @@ from typing import Any
 import pytest
 from ray.tune.schedulers import TrialScheduler
 
+from study.records import read_end_records
 from study.scheduler import PersistentASHA, stopped_trials
+from study.storage import StudyPaths
 
 
-def _asha(state: Path, grace_period: int = 10, reports_dir: Path | None = None) -> PersistentASHA:
+def _asha(state: Path, grace_period: int = 10, paths: StudyPaths | None = None) -> PersistentASHA:
     return PersistentASHA(
         str(state),
-        reports_dir=str(reports_dir) if reports_dir else None,
+        paths=paths,
         time_attr="iteration",
         metric="acc",
         mode="max",
@@ -26,7 +28,13 @@ def _asha(state: Path, grace_period: int = 10, reports_dir: Path | None = None) 
 
 
 def _trial(trial_id: str, local_path: Path | None = None) -> Any:
-    return SimpleNamespace(trial_id=trial_id, local_path=str(local_path) if local_path else None)
+    return SimpleNamespace(
+        trial_id=trial_id,
+        local_path=str(local_path) if local_path else None,
+        config={"lambda_p": 0.2},
+        last_result={"config": {"lambda_p": 0.2}, "iteration": 10},
+        checkpoint=None,
+    )
 
 
 def _report(s: PersistentASHA, trial: Any, iteration: int, acc: float) -> str:
@@ -86,24 +94,29 @@ def test_reaching_the_budget_is_not_an_early_stop(tmp_path: Path) -> None:
 
 def test_a_stop_is_saved_after_the_trials_reports(tmp_path: Path) -> None:
     """ASHA's stop reaches asha.json only when Tune completes the trial, after it logged the
-    report ASHA stopped it on, and the trial's reports are saved first: a resume never trains a
-    stopped trial again, so a kill in between must not lose them."""
-    state, reports = tmp_path / "asha.json", tmp_path / "reports"
+    report ASHA stopped it on, and the trial's reports are saved first, then its end record: a
+    resume never trains a stopped trial again, so a kill in between must not lose them."""
+    paths = StudyPaths(str(tmp_path), "s")
+    state, reports = Path(paths.asha), Path(paths.reports_dir)
     staging = tmp_path / "staging"
     staging.mkdir()
-    s = _asha(state, reports_dir=reports)
+    s = _asha(state, paths=paths)
     a, b = _trial("a"), _trial("b", local_path=staging)
     for t in (a, b):
         s.on_trial_add(None, t)  # type: ignore[arg-type]
     _report(s, a, 10, 0.9)
     assert _report(s, b, 10, 0.1) == TrialScheduler.STOP
     assert stopped_trials(str(state)) == set()  # Tune has not logged b's report yet
+    assert read_end_records(paths) == {}
     lines = '{"iteration": 10, "acc": 0.1}\n'
     (staging / "result.json").write_text(lines)  # what Tune's JSON logger does next
     s.on_trial_complete(None, b, {"iteration": 10, "acc": 0.1})  # type: ignore[arg-type]
     assert stopped_trials(str(state)) == {"b"}
     assert (reports / "b.jsonl").read_text() == lines
+    end = read_end_records(paths)["b"]
+    assert (end.outcome, end.iteration, end.config) == ("early_stopped", 10, {"lambda_p": 0.2})
+    assert end.last_result == {"config": {"lambda_p": 0.2}, "iteration": 10}  # Tune's, nested
     # a new scheduler (a resume) still stops it
-    again = _asha(state, reports_dir=reports)
+    again = _asha(state, paths=paths)
     again.on_trial_add(None, b)  # type: ignore[arg-type]
     assert _report(again, b, 20, 0.99) == TrialScheduler.STOP
