@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -12,11 +13,13 @@ from ray.tune.search import ConcurrencyLimiter
 from ray.tune.search.optuna import OptunaSearch
 
 from study.parquet import parse_result_lines
+from study.records import EndRecord
 from study.scheduler import PersistentASHA, SnapshotBeforeStart
 from study.spec import Dimension, StudySpec
 from study.storage import StudyPaths, read_bytes, trial_reports
 
 __all__ = [
+    "TUNE_ID_ATTR",
     "DivergenceAwareOptunaSearch",
     "make_scheduler",
     "make_searcher",
@@ -24,6 +27,10 @@ __all__ = [
     "param_space",
     "tpe_startup_trials",
 ]
+
+
+TUNE_ID_ATTR = "tune_trial_id"
+"""The user attribute of each Optuna trial naming the Tune trial it was asked for."""
 
 
 def _domain(d: Dimension) -> Any:
@@ -80,17 +87,24 @@ class DivergenceAwareOptunaSearch(OptunaSearch):
     a value. The trial's reports are saved before any ledger ends it, so its last one is what
     Optuna is told; a trial Optuna already knows the end of is not told again.
 
-    Tune pickles the searcher with its Optuna study, and so with the journal's absolute path on
-    the machine that started the study. A resume elsewhere (another head node, another cache
-    directory) would write to that stale path and leave this study's journal behind: after a
-    restore the study is reopened at ``paths.optuna_journal`` as this machine resolves it.
+    Tune pickles the searcher with its Optuna study, and so with the journal's path on the machine
+    and in the place that started the study. Restored, the searcher does not touch that path:
+    the resume calls `rebind` with where the study is now, which reopens the Optuna study there.
+
+    Every Optuna trial carries the id of the Tune trial it was asked for (`TUNE_ID_ATTR`), so a
+    resume can bring Optuna level with the study's records (`replay`): a trial that ended is told
+    its end, and a trial asked for just before a driver was killed, which Tune never saved
+    (an orphan), is handed to the next new Tune trial instead of a new ask.
     """
 
     def __init__(self, *, paths: StudyPaths, **kwargs: Any) -> None:
         self._paths = paths
+        self._orphans: list[int] = []
+        self._stale = False
         super().__init__(storage=optuna_storage(paths), **kwargs)
 
     def _reopen_study(self) -> None:
+        self._stale = False
         if self._ot_study is None:  # not set up yet: nothing was asked of Optuna
             return
         storage = optuna_storage(self._paths)
@@ -102,11 +116,63 @@ class DivergenceAwareOptunaSearch(OptunaSearch):
 
     def __setstate__(self, state: dict[str, Any]) -> None:  # the Tuner unpickled on restore
         self.__dict__.update(state)
-        self._reopen_study()
+        self._stale, self._orphans = True, []  # its paths are the first run's: wait for `rebind`
 
     def restore(self, checkpoint_path: str) -> None:  # the searcher state Tune saved
+        paths = self._paths
         super().restore(checkpoint_path)
+        self._paths, self._stale, self._orphans = paths, True, []
+
+    def rebind(self, paths: StudyPaths) -> None:
+        """Use the study where it is now: its journal at ``paths``, not where Tune's pickle says."""
+        self._paths = paths
         self._reopen_study()
+
+    def _ready(self) -> None:
+        if self._stale:
+            self._reopen_study()
+
+    def replay(self, ends: Mapping[str, EndRecord], known: set[str]) -> None:
+        """Bring Optuna level with the study's records before any trial starts: every RUNNING
+        Optuna trial whose Tune trial has an end record is told that end; one whose Tune trial
+        is not among ``known`` (Tune never saved it) waits for the next new Tune trial."""
+        self._ready()
+        if self._ot_study is None:
+            return
+        by_number = {t.number: tid for tid, t in self._ot_trials.items()}
+        running = self._ot_study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
+        for frozen in running:
+            tune_id = frozen.user_attrs.get(TUNE_ID_ATTR) or by_number.get(frozen.number)
+            if tune_id in ends:
+                self._tell(frozen.number, ends[tune_id].last_result, ends[tune_id].outcome == "diverged")
+                self._completed_trials.add(tune_id)
+            elif tune_id not in known:
+                self._orphans.append(frozen.number)
+
+    def _tell(self, number: int, result: Mapping[str, Any], failed: bool) -> None:
+        assert self._ot_study is not None
+        metrics = self.metric if isinstance(self.metric, list) else [self.metric]
+        values = [result.get(m) for m in metrics]
+        if failed or any(not isinstance(v, (int, float)) for v in values):
+            self._ot_study.tell(number, state=optuna.trial.TrialState.FAIL)
+        else:
+            self._ot_study.tell(number, values if len(values) > 1 else values[0])
+
+    def suggest(self, trial_id: str) -> dict[str, Any] | None:
+        self._ready()
+        if self._orphans and trial_id not in self._ot_trials and self._ot_study is not None:
+            number = self._orphans.pop(0)
+            frozen = next(t for t in self._ot_study.get_trials(deepcopy=False) if t.number == number)
+            self._ot_trials[trial_id] = optuna.trial.Trial(self._ot_study, frozen._trial_id)
+        params = super().suggest(trial_id)
+        asked = self._ot_trials.get(trial_id)
+        if asked is not None:
+            asked.set_user_attr(TUNE_ID_ATTR, trial_id)
+        return params
+
+    def on_trial_result(self, trial_id: str, result: dict[str, Any]) -> None:
+        self._ready()
+        super().on_trial_result(trial_id, result)
 
     def _told(self, trial_id: str) -> bool:
         """Whether Optuna already has this trial's end (a restored trial that had ended)."""
@@ -120,6 +186,7 @@ class DivergenceAwareOptunaSearch(OptunaSearch):
     def on_trial_complete(
         self, trial_id: str, result: dict[str, Any] | None = None, error: bool = False
     ) -> None:
+        self._ready()
         if self._told(trial_id):
             return
         data = read_bytes(trial_reports(self._paths.reports_dir, trial_id))
@@ -156,10 +223,10 @@ def make_scheduler(spec: StudySpec, paths: StudyPaths) -> PersistentASHA | Snaps
     first out (every trial runs its budget) for a multi-objective study."""
     s = spec.scheduler
     if s is None:
-        return SnapshotBeforeStart()
+        return SnapshotBeforeStart(paths=paths)
     return PersistentASHA(
         paths.asha,
-        reports_dir=paths.reports_dir,
+        paths=paths,
         time_attr="iteration",
         metric=s.metric,
         mode=s.mode,

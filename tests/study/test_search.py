@@ -11,7 +11,8 @@ from typing import Any
 import optuna
 import pytest
 
-from study.search import DivergenceAwareOptunaSearch, make_searcher, optuna_storage, param_space
+from study.records import EndRecord
+from study.search import TUNE_ID_ATTR, DivergenceAwareOptunaSearch, make_searcher, optuna_storage, param_space
 from study.spec import load_spec
 from study.storage import StudyPaths, trial_reports
 
@@ -74,3 +75,49 @@ def test_a_trial_optuna_already_has_is_not_told_again(
     trial = _optuna_trial(paths)
     assert (trial.state, trial.value) == (optuna.trial.TrialState.COMPLETE, 0.75)
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
+
+
+def _study(paths: StudyPaths) -> optuna.Study:
+    return optuna.load_study(study_name=paths.name, storage=optuna_storage(paths))
+
+
+def test_an_optuna_trial_tune_never_saved_goes_to_the_next_new_trial(tmp_path: Path) -> None:
+    """A driver killed between Optuna's ask and Tune's next state save leaves an Optuna trial
+    RUNNING that no Tune trial knows. On resume it is handed to the next new Tune trial (same
+    params, tagged with the new id) instead of a new ask: one Optuna trial per Tune trial."""
+    paths = StudyPaths(str(tmp_path), "s")
+    searcher = _searcher(paths)
+    searcher.suggest("t1")
+    searcher.save(str(tmp_path / "searcher.pkl"))  # Tune's state holds t1 only
+    orphan = searcher.suggest("t2")  # then the kill
+
+    restored = make_searcher(SPEC, paths).searcher
+    restored.restore(str(tmp_path / "searcher.pkl"))
+    restored.rebind(paths)
+    restored.replay({}, known={"t1"})
+    assert restored.suggest("t3") == orphan
+    trials = _study(paths).trials
+    assert len(trials) == 2
+    assert [t.user_attrs[TUNE_ID_ATTR] for t in trials] == ["t1", "t3"]
+    restored.suggest("t4")  # then new asks
+    assert [t.user_attrs[TUNE_ID_ATTR] for t in _study(paths).trials] == ["t1", "t3", "t4"]
+
+
+@pytest.mark.parametrize("outcome", ["completed", "early_stopped", "diverged"])
+def test_replay_tells_optuna_the_ends_it_missed(tmp_path: Path, outcome: str) -> None:
+    """A trial whose end record exists but whose Optuna trial is still RUNNING (a kill between
+    the record and the searcher's tell) is told its end from the record at resume."""
+    paths = StudyPaths(str(tmp_path), "s")
+    searcher = _searcher(paths)
+    searcher.suggest("t1")
+    searcher.suggest("t2")
+    end = EndRecord("t1", outcome, 60, last_result={METRIC: 0.875, "outcome": "completed"})
+    searcher.replay({"t1": end}, known={"t1", "t2"})
+    t1, t2 = _study(paths).trials
+    if outcome == "diverged":
+        assert t1.state == optuna.trial.TrialState.FAIL
+    else:
+        assert (t1.state, t1.value) == (optuna.trial.TrialState.COMPLETE, 0.875)
+    assert t2.state == optuna.trial.TrialState.RUNNING  # still Tune's to run
+    searcher.on_trial_complete("t1", result={METRIC: 0.1})  # Tune's own tell later: not twice
+    assert _study(paths).trials[0].state == t1.state
