@@ -14,6 +14,7 @@ from typing import NoReturn
 
 import pandas as pd
 
+from study.lease import LeaseHeld
 from study.spec import SpecError, list_specs, load_spec
 from study.storage import StudyPaths, list_studies, read_table
 
@@ -199,7 +200,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         storage_arg = os.environ[STORAGE_ENV].strip()
     # each command imports what it needs (Ray only where it runs trials); their input errors,
     # one line each, are caught below once their module is loaded
-    refused: tuple[type[Exception], ...] = (SpecError,)
+    refused: tuple[type[Exception], ...] = (SpecError, LeaseHeld)
     try:
         if args.command == "list":
             print(_list(storage_arg or DEFAULT_STORAGE))

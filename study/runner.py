@@ -3,14 +3,23 @@
 ``run`` refuses a name that exists; ``resume`` restores Tune's experiment (trials, searcher
 state), the persisted ASHA rungs and the Optuna journal, and finishes the study with exactly
 ``num_samples`` trials. The Parquet tables are rewritten as every trial ends and at the end.
+
+The study's own records are the truth (`study.records`: one end record per trial, the saved
+reports, the Optuna journal); Tune's saved experiment state is a cache of the trials that were
+running, which lags them after a kill. On restore, before any trial starts, the records are
+replayed into Tune, Optuna and ASHA (`_replaying_records`), and everything restored from Tune's
+pickle is pointed at the study where it is now. ``run``, ``resume`` and ``export`` hold the
+study's lease (`study.lease`) from before Ray starts to their end: one driver per study.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
 import os
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,20 +33,27 @@ from ray import tune
 from ray.tune import Callback, CLIReporter
 from ray.tune.experiment import Trial
 
+from study.lease import hold_lease
 from study.parquet import TrialRecord, history_table, parse_result_lines, trials_table
-from study.scheduler import stopped_trials
-from study.search import make_scheduler, make_searcher, optuna_storage, param_space
+from study.records import EndRecord, read_end_records
+from study.scheduler import PersistentASHA, SnapshotBeforeStart
+from study.search import (
+    DivergenceAwareOptunaSearch,
+    make_scheduler,
+    make_searcher,
+    optuna_storage,
+    param_space,
+)
 from study.spec import StudySpec, parse_spec
 from study.storage import (
     StudyPaths,
     is_shared,
+    join,
     read_bytes,
-    read_json,
-    save_reports,
+    resolve,
     to_uri,
     trial_reports,
     write_bytes,
-    write_json,
     write_parquet,
 )
 from study.trainable import fault_iteration, train_trial
@@ -68,9 +84,17 @@ def _last_line(text: str | None) -> str | None:
     return lines[-1] if lines else None
 
 
+def has_directory(trial: Trial) -> bool:
+    """Whether Tune gave the trial a directory yet: a trial restored before it ever started has
+    none, and Tune raises RuntimeError on any path of it."""
+    return trial.storage is not None and bool(trial.storage.trial_dir_name)
+
+
 def _history(trial: Trial) -> list[dict[str, Any]]:
     """The trial's ``result.json``. Tune writes it in the driver's staging directory and copies
     it to the storage every few seconds: while the driver runs, the staging copy is current."""
+    if not has_directory(trial):
+        return []
     if ray.is_initialized() and trial.local_path:
         local = Path(trial.local_path, "result.json")
         if local.exists():
@@ -104,19 +128,24 @@ def _saved_reports(paths: StudyPaths, trial_id: str) -> list[dict[str, Any]]:
     return parse_result_lines(data.decode()) if data is not None else []
 
 
+def checkpoint_uri(paths: StudyPaths, checkpoint: str | None) -> str | None:
+    """A checkpoint path from an end record (relative to the storage root) or from Tune (a path
+    in the storage's filesystem) as a path or URI a user can open."""
+    if not checkpoint:
+        return None
+    if "://" not in checkpoint and not checkpoint.startswith("/"):
+        return join(paths.root, checkpoint)
+    return to_uri(paths.root, checkpoint)
+
+
 def _record(
-    trial: Trial, paths: StudyPaths, stopped: set[str], ended: dict[str, Any], exported: list[dict[str, Any]]
+    trial: Trial, paths: StudyPaths, end: EndRecord | None, exported: list[dict[str, Any]]
 ) -> TrialRecord:
-    root = paths.root
-    saved = (
-        _saved_reports(paths, trial.trial_id) if trial.trial_id in ended or trial.trial_id in stopped else []
-    )
-    checkpoint = trial.checkpoint
+    saved = _saved_reports(paths, trial.trial_id) if end is not None else []
+    checkpoint = trial.checkpoint if has_directory(trial) else None
     checkpoint_path = checkpoint.path if checkpoint is not None else None
-    if trial.trial_id in ended and ended[trial.trial_id].get("checkpoint"):
-        checkpoint_path = ended[trial.trial_id]["checkpoint"]  # Tune's may be older after a kill
-    if checkpoint_path is not None:
-        checkpoint_path = to_uri(root, checkpoint_path)
+    if end is not None and end.checkpoint:
+        checkpoint_path = end.checkpoint  # Tune's may be older after a kill
     error = None
     if trial.status == Trial.ERROR:
         error = _last_line(str(trial.get_error() or "")) or "error (no message recorded)"
@@ -125,11 +154,24 @@ def _record(
         tune_status=trial.status,
         config=trial.config,
         history=exported + saved + _history(trial),  # for a repeated iteration the later report wins
-        stopped_early=trial.trial_id in stopped,
-        ended=trial.trial_id in ended,
+        stopped_early=end is not None and end.outcome == "early_stopped",
+        ended=end is not None,
         error=error,
-        checkpoint_path=checkpoint_path,
+        checkpoint_path=checkpoint_uri(paths, checkpoint_path),
         retries=int(trial.run_metadata.num_failures),
+    )
+
+
+def _record_from_end(paths: StudyPaths, end: EndRecord, exported: list[dict[str, Any]]) -> TrialRecord:
+    """A trial that ended but that Tune's saved state does not hold (it lags the records)."""
+    return TrialRecord(
+        trial_id=end.trial_id,
+        tune_status=Trial.TERMINATED,
+        config=end.config,
+        history=exported + _saved_reports(paths, end.trial_id),
+        stopped_early=end.outcome == "early_stopped",
+        ended=True,
+        checkpoint_path=checkpoint_uri(paths, end.checkpoint),
     )
 
 
@@ -147,18 +189,20 @@ def write_tables(
 ) -> list[TrialRecord]:
     """Rewrite the study's two Parquet files from Tune's trials (atomically)."""
     cache = cache or ExportCache()
-    stopped = stopped_trials(paths.asha)
-    ended = read_json(paths.ended) or {}
+    ends = read_end_records(paths)
     if cache.exported is None:
         cache.exported = _exported_history(paths)
     records = []
     for t in trials:
         rec = cache.records.get(t.trial_id)
-        if rec is None or rec.tune_status != t.status:
-            rec = _record(t, paths, stopped, ended, cache.exported.get(t.trial_id, []))
+        if rec is None or rec.tune_status != t.status or rec.ended != (t.trial_id in ends):
+            rec = _record(t, paths, ends.get(t.trial_id), cache.exported.get(t.trial_id, []))
             if t.status == Trial.TERMINATED:
                 cache.records[t.trial_id] = rec
         records.append(rec)
+    known = {t.trial_id for t in trials}
+    for trial_id in sorted(set(ends) - known):  # ended, but not (yet) in Tune's state: never lost
+        records.append(_record_from_end(paths, ends[trial_id], cache.exported.get(trial_id, [])))
     table = trials_table(records, spec.metric, spec.mode, spec.front_objectives)
     # history first: a driver killed between the two writes leaves every trial the trials file
     # shows (an ended one included) with its reports in history, never the other way round
@@ -177,7 +221,7 @@ def _empty_superseded_checkpoints(trial: Trial, keep: str) -> None:
     a lagging experiment state checks that its checkpoint exists, then the trainable finds the
     trial in the ledger and returns without reading it. On an object store each keeps a short
     note (`EMPTIED_NOTE`), without which the directory would vanish with its last file."""
-    if trial.storage is None or not trial.path:
+    if trial.storage is None or not has_directory(trial) or not trial.path:
         return
     fs = trial.storage.storage_filesystem
     local = isinstance(fs, pafs.LocalFileSystem)
@@ -208,13 +252,10 @@ def _empty_superseded_checkpoints(trial: Trial, keep: str) -> None:
 
 
 class ParquetCallback(Callback):
-    """Records each trial's end in the study's ledger, then refreshes the study's Parquet.
-
-    Tune saves its experiment state every few seconds; a driver killed in between would
-    restore a finished trial as running from an older checkpoint and train it again. The
-    ledger (``ended.json``), written the moment a trial ends, is what the trainable checks
-    first: a trial in it does not train again.
-    """
+    """Refreshes the study's Parquet as trials end, and frees an ended trial's superseded
+    checkpoints. The trial's end record was written before (by the scheduler, which Tune tells
+    of an end first), so a kill at any point here loses nothing that a resume or ``export``
+    does not rebuild."""
 
     def __init__(self, paths: StudyPaths, spec: StudySpec) -> None:
         self.paths = paths
@@ -223,6 +264,10 @@ class ParquetCallback(Callback):
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_cache": None}  # Tune pickles callbacks; the cache is rebuilt
+
+    def rebind(self, paths: StudyPaths, spec: StudySpec) -> None:
+        """Write where the study is now (Tune restores callbacks with the first run's paths)."""
+        self.paths, self.spec, self._cache = paths, spec, None
 
     def _write(self, trials: list[Trial]) -> None:
         if self._cache is None:
@@ -234,14 +279,9 @@ class ParquetCallback(Callback):
 
     def on_trial_complete(self, iteration: int, trials: list[Trial], trial: Trial, **info: Any) -> None:
         push_journal(self.paths)
-        checkpoint = trial.checkpoint
-        ended = read_json(self.paths.ended) or {}
-        if trial.trial_id not in ended:  # a restored trial that returned at once keeps its first record
-            save_reports(trial, self.paths.reports_dir)  # before the ledger ends the trial
-            ended[trial.trial_id] = {"checkpoint": checkpoint.path if checkpoint is not None else None}
-            write_json(self.paths.ended, ended)
-            if checkpoint is not None:
-                _empty_superseded_checkpoints(trial, keep=checkpoint.path)
+        checkpoint = trial.checkpoint if has_directory(trial) else None
+        if checkpoint is not None:
+            _empty_superseded_checkpoints(trial, keep=checkpoint.path)
         self._write(trials)
 
     def on_trial_error(self, iteration: int, trials: list[Trial], trial: Trial, **info: Any) -> None:
@@ -253,8 +293,7 @@ def _trainable(spec: StudySpec, paths: StudyPaths) -> Any:
     fn = tune.with_parameters(
         train_trial,
         objectives=dict(spec.objectives),
-        asha_state=paths.asha,
-        ledger=paths.ended,
+        paths=paths,
         threads=max(1, int(spec.resources.cpu)),
     )
     return tune.with_resources(fn, {"cpu": spec.resources.cpu, "gpu": spec.resources.gpu})
@@ -375,14 +414,15 @@ def run_study(spec: StudySpec, *, address: str | None = None, verbose: int = 1) 
     """Start a new study named ``spec.name`` under ``spec.run.storage`` and run it to the end."""
     _check_fault_drill()
     paths = StudyPaths(spec.run.storage, spec.name)
-    if paths.exists() or tune.Tuner.can_restore(paths.experiment):
-        raise StudyError(
-            f"a study named {spec.name!r} already exists under {spec.run.storage}: "
-            f"resume it with `ponder-study resume {spec.name}`, or pick another --name"
-        )
-    _init_ray(address, paths)  # before anything is written: a run that cannot start leaves no study behind
-    write_bytes(paths.spec, spec.source.encode())
-    return _fit(spec, paths, address, verbose, restore=False)
+    with hold_lease(paths, "run"):  # before the name is checked: two runs of one name, one wins
+        if paths.exists() or tune.Tuner.can_restore(paths.experiment):
+            raise StudyError(
+                f"a study named {spec.name!r} already exists under {spec.run.storage}: "
+                f"resume it with `ponder-study resume {spec.name}`, or pick another --name"
+            )
+        _init_ray(address, paths)  # before anything is written: a run that cannot start leaves no study
+        write_bytes(paths.spec, spec.source.encode())
+        return _fit(spec, paths, address, verbose, restore=False)
 
 
 def load_study_spec(name: str, storage: str) -> tuple[StudySpec, StudyPaths]:
@@ -400,9 +440,124 @@ def load_study_spec(name: str, storage: str) -> tuple[StudySpec, StudyPaths]:
 def resume_study(name: str, storage: str, *, address: str | None = None, verbose: int = 1) -> StudyOutcome:
     """Finish an interrupted study: nothing finished runs again, nothing unfinished is lost."""
     _check_fault_drill()
-    spec, paths = load_study_spec(name, storage)
-    restore = tune.Tuner.can_restore(paths.experiment)  # False if killed before Tune saved anything
-    return _fit(spec, paths, address, verbose, restore=restore)
+    with hold_lease(StudyPaths(storage, name), "resume"):  # a `run` still starting has no spec yet
+        spec, paths = load_study_spec(name, storage)
+        restore = _restorable(paths)
+        return _fit(spec, paths, address, verbose, restore=restore)
+
+
+EXPERIMENT_STATE_GLOB = "experiment_state-*.json"
+
+
+def _restorable(paths: StudyPaths) -> bool:
+    """Whether Tune has a state to restore the study from; False if the driver was stopped before
+    Tune saved one (the study then starts its Tune experiment afresh, its Optuna study kept).
+
+    Tune overwrites its state file in place, so a kill can leave it torn; Tune would then
+    "restart the experiment" over the study. A torn newest file is set aside (renamed
+    ``*.torn``) for an older one; with none left, and trials already ended, the resume stops:
+    a fresh experiment would ask Optuna for trials the study has."""
+    fs, directory = resolve(paths.experiment)
+    selector = pafs.FileSelector(directory, allow_not_found=True)
+    states = sorted(
+        (
+            i.path
+            for i in fs.get_file_info(selector)
+            if i.type == pafs.FileType.File
+            and i.path.rsplit("/", 1)[-1].startswith("experiment_state-")
+            and i.path.endswith(".json")
+        ),
+        reverse=True,
+    )
+    for state in states:
+        with fs.open_input_stream(state) as f:
+            data = f.readall()
+        try:
+            json.loads(data)
+            return True
+        except ValueError:
+            log.warning("Tune's state file %s is torn (killed while written): using an older one", state)
+            fs.move(state, state + ".torn")
+    if read_end_records(paths):
+        raise StudyError(
+            f"study {paths.name!r}: Tune's saved state under {paths.experiment} is missing or unreadable, "
+            "but trials have ended; run `ponder-study export` to keep what they left in the Parquet"
+        )
+    return False
+
+
+def _optuna_searcher(search_alg: Any) -> DivergenceAwareOptunaSearch | None:
+    """The study's Optuna searcher inside Tune's wrappers (SearchGenerator, ConcurrencyLimiter)."""
+    seen = 0
+    while search_alg is not None and seen < 5:
+        if isinstance(search_alg, DivergenceAwareOptunaSearch):
+            return search_alg
+        search_alg = getattr(search_alg, "searcher", None)
+        seen += 1
+    return None
+
+
+def _replay(controller: Any, trials: list[Trial], spec: StudySpec, paths: StudyPaths) -> None:
+    """Bring a restored experiment level with the study's records, before any trial starts.
+
+    Everything Tune unpickled is pointed at the study where it is now; every trial with an end
+    record is TERMINATED with its last report (so Tune, its progress table and the searcher's
+    concurrency limit see an ended trial, not one to run again); Optuna is told the ends it
+    missed; ASHA gets the stops it missed; trials that ended but that Tune's state lacks count
+    towards ``num_samples`` (the Parquet takes them from their records)."""
+    scheduler = controller._scheduler_alg
+    if isinstance(scheduler, PersistentASHA):
+        scheduler.rebind(paths)
+    elif isinstance(scheduler, SnapshotBeforeStart):
+        scheduler.paths = paths
+    for callback in getattr(controller._callbacks, "_callbacks", []):
+        if isinstance(callback, ParquetCallback):
+            callback.rebind(paths, spec)
+    ends = read_end_records(paths)
+    known = {t.trial_id for t in trials}
+    searcher = _optuna_searcher(controller._search_alg)
+    if searcher is not None:
+        searcher.rebind(paths)
+        searcher.replay(ends, known)
+    for trial in trials:
+        end = ends.get(trial.trial_id)
+        if end is None:
+            continue
+        if end.outcome == "early_stopped" and isinstance(scheduler, PersistentASHA):
+            scheduler.replay_stop(trial.trial_id)
+        if trial.status == Trial.TERMINATED and spec.metric in (trial.last_result or {}):
+            continue
+        trial.set_status(Trial.TERMINATED)  # type: ignore[no-untyped-call]
+        if end.last_result:
+            trial.update_last_result(dict(end.last_result))  # type: ignore[no-untyped-call]
+        # the concurrency limiter still counts it live; the searcher skips an end it was told
+        controller._search_alg.on_trial_complete(trial.trial_id, result=dict(end.last_result))
+    missing = set(ends) - known
+    if missing and hasattr(controller._search_alg, "_counter"):
+        log.info("%d ended trials are not in Tune's saved state; they count towards the study", len(missing))
+        controller._search_alg._counter += len(missing)
+
+
+@contextlib.contextmanager
+def _replaying_records(spec: StudySpec, paths: StudyPaths) -> Iterator[None]:
+    """Run `_replay` inside Tune's restore, between loading the saved trials and queueing them.
+
+    That moment has no public hook: Tune loads the trials, the searcher's and the callbacks'
+    state, then queues every trial (telling the scheduler); a trial queued as pending starts at
+    the next step. Ray is pinned (2.60); a Ray upgrade must keep tests/study/test_resume.py green."""
+    from ray.tune.execution.tune_controller import TuneController
+
+    original = TuneController._requeue_restored_trials
+
+    def requeue(controller: Any, trials: list[Trial], resume_config: Any) -> None:
+        _replay(controller, trials, spec, paths)
+        original(controller, trials, resume_config)
+
+    TuneController._requeue_restored_trials = requeue  # type: ignore[method-assign,assignment]
+    try:
+        yield
+    finally:
+        TuneController._requeue_restored_trials = original  # type: ignore[method-assign]
 
 
 def _fit(
@@ -431,14 +586,27 @@ def _fit(
             ),
             run_config=_run_config(spec, paths, verbose),
         )
+    failed = False
     try:
-        tuner.fit()  # the Parquet written by the callback is the result
-    finally:  # and once more from Tune's saved state, however fit ended
-        records = _export_experiment(spec, paths)
-        push_journal(paths)
+        with _replaying_records(spec, paths):
+            tuner.fit()  # the Parquet written by the callback is the result
+    except BaseException:
+        failed = True
+        raise
+    finally:  # and once more from the records and Tune's saved state, however fit ended
+        try:
+            records = _export_experiment(spec, paths)
+            push_journal(paths)
+        except Exception:
+            if not failed:
+                raise
+            log.exception(
+                "could not write the study's Parquet after the failure above; "
+                "`ponder-study export` will retry"
+            )
     statuses = dict(Counter(rec.status() for rec in records))
-    finished = len(records) == spec.search.num_samples and not (
-        statuses.get("running") or statuses.get("pending")
+    finished = len(records) >= spec.search.num_samples and not (
+        statuses.get("running") or statuses.get("pending") or statuses.get("errored")
     )
     if finished and fail_orphaned_optuna_trials(spec, paths):
         push_journal(paths)
@@ -448,16 +616,27 @@ def _fit(
 def _export_experiment(spec: StudySpec, paths: StudyPaths) -> list[TrialRecord]:
     from ray.tune import ExperimentAnalysis
 
-    analysis = ExperimentAnalysis(paths.experiment)
-    return write_tables(paths, spec, analysis.trials)
+    trials: list[Trial] = []
+    if _restorable(paths):
+        # it warns of every trial without a result.json (one restored before it ever reported,
+        # or one Tune gave a new directory): their reports are in the study's records
+        quiet = logging.getLogger("ray.tune.analysis.experiment_analysis")
+        level = quiet.level
+        quiet.setLevel(logging.ERROR)
+        try:
+            trials = ExperimentAnalysis(paths.experiment).trials
+        finally:
+            quiet.setLevel(level)
+    return write_tables(paths, spec, trials)
 
 
 def export(name: str, storage: str) -> StudyPaths:
-    """Rewrite a study's Parquet from its Tune experiment on disk (no trial runs)."""
-    spec, paths = load_study_spec(name, storage)
-    if not tune.Tuner.can_restore(paths.experiment):
-        raise StudyError(f"study {name!r} has no Tune experiment state yet under {paths.experiment}")
-    _export_experiment(spec, paths)
+    """Rewrite a study's Parquet from its records and Tune's experiment on disk (no trial runs)."""
+    with hold_lease(StudyPaths(storage, name), "export"):
+        spec, paths = load_study_spec(name, storage)
+        if not tune.Tuner.can_restore(paths.experiment) and not read_end_records(paths):
+            raise StudyError(f"study {name!r} has no Tune experiment state yet under {paths.experiment}")
+        _export_experiment(spec, paths)
     return paths
 
 

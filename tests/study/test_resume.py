@@ -1,6 +1,7 @@
 """Interrupt a real study (Ctrl-C, or SIGKILL of the driver and everything it started) and
 resume it: exactly num_samples trials at the end, nothing finished runs again, an early-stopped
-trial stays stopped, Optuna keeps every trial."""
+trial stays stopped, Optuna keeps every trial. Every case runs with Tune's progress table on (as
+users run it) and off (``--quiet``): a resumed study keeps the table of its first run."""
 
 from __future__ import annotations
 
@@ -30,7 +31,14 @@ def _result_lines(storage: Path) -> dict[str, int]:
     return counts
 
 
-def _resume_and_check(storage: Path, tmp_path: Path) -> pd.DataFrame:
+TABLE = pytest.mark.parametrize("table", ["table", "quiet"])
+
+
+def _flags(table: str) -> list[str]:
+    return [] if table == "table" else ["--quiet"]
+
+
+def _resume_and_check(storage: Path, tmp_path: Path, table: str = "quiet") -> pd.DataFrame:
     """Resume; check nothing that had ended ran again; return the final trials table."""
     before_path = storage / "trials" / f"study={NAME}"
     before = trials(storage, NAME) if before_path.exists() else pd.DataFrame(columns=["trial_id", "status"])
@@ -38,8 +46,9 @@ def _resume_and_check(storage: Path, tmp_path: Path) -> pd.DataFrame:
     ended_before = before[before["status"].isin(ENDED)].set_index("trial_id")
     lines_before = _result_lines(storage)
 
-    done = cli("resume", NAME, "--storage", str(storage), "--quiet")
+    done = cli("resume", NAME, "--storage", str(storage), *_flags(table))
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert "Traceback" not in done.stdout + done.stderr, done.stdout[-2000:] + done.stderr[-3000:]
 
     after = trials(storage, NAME).set_index("trial_id")
     assert len(after) == SMOKE.search.num_samples  # exactly num_samples, no more
@@ -74,15 +83,16 @@ def _resume_and_check(storage: Path, tmp_path: Path) -> pd.DataFrame:
     return after
 
 
-def test_ctrl_c_then_resume(driver: Callable[..., Driver], tmp_path: Path) -> None:
-    d = driver("run", NAME, "--storage", str(tmp_path), "--quiet")
+@TABLE
+def test_ctrl_c_then_resume(driver: Callable[..., Driver], tmp_path: Path, table: str) -> None:
+    d = driver("run", NAME, "--storage", str(tmp_path), *_flags(table))
     d.wait_until(finished(tmp_path, NAME, at_least=2))
     assert d.interrupt() == 130
     assert f"ponder-study resume {NAME}" in d.output()
     before = trials(tmp_path, NAME)
     assert len(before) < SMOKE.search.num_samples or not before["status"].isin(ENDED).all()
     lines = _result_lines(tmp_path)
-    after = _resume_and_check(tmp_path, tmp_path)
+    after = _resume_and_check(tmp_path, tmp_path, table)
     # Ctrl-C lets Tune save every running trial's state: no report is repeated after resume
     for trial_id, n in _result_lines(tmp_path).items():
         assert n == after.loc[trial_id, "reports"], (
@@ -90,28 +100,44 @@ def test_ctrl_c_then_resume(driver: Callable[..., Driver], tmp_path: Path) -> No
         )
 
 
-def test_sigkill_late_in_study_then_resume(driver: Callable[..., Driver], tmp_path: Path) -> None:
+@TABLE
+def test_sigkill_late_in_study_then_resume(driver: Callable[..., Driver], tmp_path: Path, table: str) -> None:
     """SIGKILL once most trials have ended, with Tune's periodic snapshots of its experiment
     state an hour apart: trials created after the first snapshot and ended since must still be
     known to the resume (a CI run once lost a short trial created and ended between two of
     Tune's 10-second snapshots: the resume ran a new trial in its place)."""
-    d = driver("run", NAME, "--storage", str(tmp_path), "--quiet", env={"TUNE_GLOBAL_CHECKPOINT_S": "3600"})
+    d = driver(
+        "run", NAME, "--storage", str(tmp_path), *_flags(table), env={"TUNE_GLOBAL_CHECKPOINT_S": "3600"}
+    )
     d.wait_until(finished(tmp_path, NAME, at_least=4))
     d.kill()
-    _resume_and_check(tmp_path, tmp_path)
+    _resume_and_check(tmp_path, tmp_path, table)
 
 
+@TABLE
 @pytest.mark.parametrize("how", ["completed", "stopped"])
-def test_sigkill_as_a_trial_ends_then_resume(driver: Callable[..., Driver], tmp_path: Path, how: str) -> None:
+def test_sigkill_as_a_trial_ends_then_resume(
+    driver: Callable[..., Driver], tmp_path: Path, how: str, table: str
+) -> None:
     """SIGKILL the instant a ledger says a trial ended (it reached its budget, or ASHA stopped
     it), before the Parquet is rewritten and before Tune's periodic copy of its result.json to
     the storage. A resume never trains that trial again, so its reports must be saved already
     (a CI run once lost every report of a trial ASHA had just stopped; a resume from a state
-    that predates the trial's first checkpoint also empties Tune's copy)."""
-    d = driver("run", NAME, "--storage", str(tmp_path), "--quiet")
+    that predates the trial's first checkpoint also empties Tune's copy).
+
+    With Tune's periodic saves an hour apart, Tune's only saved state holds the ended trial as
+    pending with no result: the resume with the table on used to die in the table's sort by
+    metric (None against a float), then in the export of a trial without a directory, and never
+    resume again (issue 10). ``export`` of that state must work too."""
+    env = {"TUNE_GLOBAL_CHECKPOINT_S": "3600"}
+    d = driver("run", NAME, "--storage", str(tmp_path), *_flags(table), env=env)
     d.wait_until(ledger_has(tmp_path, NAME, how), poll=0.002)
     d.kill()
-    _resume_and_check(tmp_path, tmp_path)
+    exported = cli("export", NAME, "--storage", str(tmp_path))
+    assert exported.returncode == 0, exported.stderr[-3000:]
+    ended = trials(tmp_path, NAME)
+    assert ended["status"].isin(ENDED).sum() >= 1, ended[["trial_id", "status"]]
+    _resume_and_check(tmp_path, tmp_path, table)
 
 
 def test_resume_of_a_finished_study_runs_nothing(smoke: tuple[Path, object]) -> None:

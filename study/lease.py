@@ -1,0 +1,282 @@
+"""One driver per study: a lease in the study's own folder, ``studies/<name>/lease.json``.
+
+``run``, ``resume`` and ``export`` take the study's lease before Ray starts and hold it until
+they exit; a second one is refused at once, in one line naming the host and pid that hold it
+and for how long. The lease travels with the study folder (a copy or a download carries it).
+
+How a lease is held, and what the guarantee is, depends on the storage:
+
+- A local disk (a plain path or ``file://``): the holder keeps an exclusive ``flock`` on
+  ``lease.lock`` for as long as it lives, and writes who it is to ``lease.json``. The kernel
+  drops the lock when the process dies, however it dies (SIGKILL included), so a killed
+  driver never blocks the next one, and there is nothing to expire. Two drivers on one host
+  can never both hold it. On NFS, ``flock`` is carried by NFS's byte-range locks (Linux
+  >= 2.6.12 with a lock manager): the same guarantee across hosts where the mount has locking;
+  a mount with ``nolock`` gives none.
+- An object store (``s3://``): ``lease.json`` is created with a conditional PUT
+  (``If-None-Match: *``) and renewed every ``ttl/3`` with ``If-Match: <etag>``, through boto3.
+  A lease whose last renewal is older than its TTL by the store's own clock (the object's
+  ``Last-Modified`` against the response's ``Date``: no clock of ours involved) is stale and is
+  taken over with ``If-Match``, as is one whose holder was on this host and is gone (its pid no
+  longer runs with the start time it recorded). A resume after a driver on another host was
+  killed is therefore refused for at most one TTL (``lease_ttl_s``, 30 s). Without boto3, or on
+  a store without conditional writes (``gs://``), the lease is advisory: read, then written,
+  which two drivers starting within the same second can both pass.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from email.utils import parsedate_to_datetime
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from study.storage import StudyPaths, is_remote, read_bytes, resolve, write_bytes
+
+__all__ = ["LEASE_TTL_S", "Lease", "LeaseHeld", "hold_lease"]
+
+LEASE_TTL_S = 30.0
+"""How long an object-store lease lasts without renewal (renewed every third of it)."""
+
+
+class LeaseHeld(RuntimeError):
+    """Another driver holds the study; the message names it and says what to do."""
+
+
+def _pid_start(pid: int) -> str | None:
+    """The process's start time in clock ticks since boot (``/proc/<pid>/stat`` field 22), which
+    tells a live holder from a new process that reused its pid; None where /proc is missing."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
+def _alive_here(holder: dict[str, Any]) -> bool:
+    """Whether a holder recorded on this host still runs (same pid, same start time)."""
+    pid = int(holder.get("pid") or 0)
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    started = _pid_start(pid)
+    return started is None or started == holder.get("pid_start")
+
+
+@dataclass
+class Lease:
+    """Who holds a study: what ``lease.json`` says."""
+
+    uuid: str
+    host: str
+    pid: int
+    pid_start: str | None
+    command: str
+    acquired_at: float
+    ttl_s: float
+
+    @classmethod
+    def mine(cls, command: str, ttl_s: float) -> Lease:
+        pid = os.getpid()
+        return cls(uuid.uuid4().hex, socket.gethostname(), pid, _pid_start(pid), command, time.time(), ttl_s)
+
+    def to_json(self) -> bytes:
+        return json.dumps(self.__dict__, indent=1, sort_keys=True).encode()
+
+
+def _describe(holder: dict[str, Any], age_s: float | None) -> str:
+    command = holder.get("command") or "a driver"
+    who = f"`{command}` (pid {holder.get('pid', '?')} on host {holder.get('host', '?')}"
+    if age_s is not None:
+        who += f", for {age_s:.0f} s"
+    elif isinstance(holder.get("acquired_at"), (int, float)):
+        who += f", for {max(0.0, time.time() - float(holder['acquired_at'])):.0f} s"
+    return who + ")"
+
+
+def _refusal(paths: StudyPaths, holder: dict[str, Any], age_s: float | None, hint: str) -> LeaseHeld:
+    return LeaseHeld(f"study {paths.name!r} is in use by {_describe(holder, age_s)}; {hint}")
+
+
+def _parse(data: bytes | None) -> dict[str, Any]:
+    try:
+        holder = json.loads(data or b"{}")
+    except ValueError:
+        return {}
+    return holder if isinstance(holder, dict) else {}
+
+
+# -- a local disk: flock ------------------------------------------------------------------------
+@contextlib.contextmanager
+def _hold_local(paths: StudyPaths, lease: Lease) -> Iterator[None]:
+    import fcntl
+
+    lease_file = Path(resolve(paths.lease)[1])
+    study_dir = lease_file.parent
+    created_dir = not study_dir.exists()
+    study_dir.mkdir(parents=True, exist_ok=True)
+    lock_file = lease_file.with_suffix(".lock")
+    lock: BinaryIO = lock_file.open("ab")  # O_CLOEXEC: Ray's processes never inherit it
+    try:
+        try:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _parse(read_bytes(paths.lease))
+            raise _refusal(
+                paths, holder, None, "wait for it to finish, or stop it (Ctrl-C) and run this again"
+            ) from None
+        write_bytes(paths.lease, lease.to_json())
+        try:
+            yield
+        finally:
+            Path(lease_file).unlink(missing_ok=True)
+            if created_dir and not (study_dir / "spec.toml").exists():
+                lock_file.unlink(missing_ok=True)  # a run refused before it wrote anything
+                with contextlib.suppress(OSError):
+                    study_dir.rmdir()
+                    study_dir.parent.rmdir()
+    finally:
+        lock.close()
+
+
+# -- an object store: conditional PUTs ----------------------------------------------------------
+def _s3_client() -> Any:
+    import boto3
+
+    return boto3.client("s3")
+
+
+def _bucket_key(uri: str) -> tuple[str, str]:
+    bucket, _, key = uri.split("://", 1)[1].partition("/")
+    return bucket, key
+
+
+class _S3Lease:
+    """``lease.json`` on S3, created with If-None-Match and renewed or taken over with If-Match."""
+
+    def __init__(self, paths: StudyPaths, lease: Lease) -> None:
+        from botocore.exceptions import ClientError
+
+        self._error = ClientError
+        self.paths, self.lease = paths, lease
+        self.bucket, self.key = _bucket_key(paths.lease)
+        self.s3 = _s3_client()
+        self.etag: str | None = None
+
+    def _conflict(self, e: Exception) -> bool:
+        code = getattr(e, "response", {}).get("Error", {}).get("Code", "")
+        return code in ("PreconditionFailed", "ConditionalRequestConflict", "412", "409")
+
+    def _put(self, **condition: str) -> bool:
+        try:
+            r = self.s3.put_object(Bucket=self.bucket, Key=self.key, Body=self.lease.to_json(), **condition)
+        except self._error as e:
+            if self._conflict(e):
+                return False
+            raise
+        self.etag = r["ETag"]
+        return True
+
+    def acquire(self) -> None:
+        if self._put(IfNoneMatch="*"):
+            return
+        try:
+            r = self.s3.get_object(Bucket=self.bucket, Key=self.key)
+        except self._error as e:  # released between our two requests: try once more
+            gone = getattr(e, "response", {}).get("Error", {}).get("Code") in ("NoSuchKey", "404")
+            if gone and self._put(IfNoneMatch="*"):
+                return
+            raise
+        holder = _parse(r["Body"].read())
+        now = parsedate_to_datetime(r["ResponseMetadata"]["HTTPHeaders"]["date"])
+        age = (now - r["LastModified"]).total_seconds()  # both the store's clock
+        ttl = float(holder.get("ttl_s") or LEASE_TTL_S)
+        here = holder.get("host") == self.lease.host
+        stale = age > ttl or (here and not _alive_here(holder))
+        if not stale:
+            hint = (
+                "wait for it to finish, or stop it (Ctrl-C) and run this again"
+                if here
+                else f"if that driver is gone, its lease expires {max(0.0, ttl - age):.0f} s from now"
+            )
+            raise _refusal(self.paths, holder, None, hint)
+        if not self._put(IfMatch=r["ETag"]):  # another driver took it over first
+            raise _refusal(self.paths, holder, None, "another driver took it over just now")
+
+    def renew(self) -> bool:
+        assert self.etag is not None
+        return self._put(IfMatch=self.etag)
+
+    def release(self) -> None:
+        with contextlib.suppress(Exception):
+            r = self.s3.head_object(Bucket=self.bucket, Key=self.key)
+            if r["ETag"] == self.etag:
+                self.s3.delete_object(Bucket=self.bucket, Key=self.key)
+
+
+@contextlib.contextmanager
+def _hold_remote(paths: StudyPaths, lease: Lease) -> Iterator[None]:
+    if not paths.root.startswith("s3://"):
+        yield from _hold_advisory(paths, lease)
+        return
+    try:
+        s3 = _S3Lease(paths, lease)
+    except ImportError:  # no boto3: the advisory lease
+        yield from _hold_advisory(paths, lease)
+        return
+    s3.acquire()
+    stop = threading.Event()
+
+    def renew() -> None:
+        while not stop.wait(lease.ttl_s / 3):
+            try:
+                if not s3.renew():
+                    return  # taken over: the other driver's lease stands
+            except Exception:  # a storage hiccup: try again at the next period
+                continue
+
+    thread = threading.Thread(target=renew, name="ponder-study-lease", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        s3.release()
+
+
+def _hold_advisory(paths: StudyPaths, lease: Lease) -> Iterator[None]:
+    holder = _parse(read_bytes(paths.lease))
+    if holder:
+        age = time.time() - float(holder.get("acquired_at") or 0)
+        here = holder.get("host") == lease.host
+        if (here and _alive_here(holder)) or (not here and age < float(holder.get("ttl_s") or LEASE_TTL_S)):
+            raise _refusal(paths, holder, None, "wait for it to finish, or stop it and run this again")
+    write_bytes(paths.lease, lease.to_json())
+    try:
+        yield
+    finally:
+        fs, path = resolve(paths.lease)
+        with contextlib.suppress(Exception):
+            fs.delete_file(path)
+
+
+@contextlib.contextmanager
+def hold_lease(paths: StudyPaths, command: str, ttl_s: float = LEASE_TTL_S) -> Iterator[Lease]:
+    """Hold the study's lease for the ``with`` block, or raise `LeaseHeld` at once."""
+    lease = Lease.mine(command, ttl_s)
+    holder = _hold_remote(paths, lease) if is_remote(paths.root) else _hold_local(paths, lease)
+    with holder:
+        yield lease
