@@ -1,0 +1,353 @@
+"""Kill campaign: a real study, its driver SIGKILLed (the whole process group) at seeded random
+moments over its whole life, resumed after each kill; prints ``kills survived <k>/<K>`` last.
+
+The moments, drawn from ``--seed``: while Ray starts (or a resume restores), while trials
+train, the instant a trial's end record appears (it reached its budget, diverged, or ASHA
+stopped it), the instant Tune saves its state before a trial starts, and during the final
+export. Each run or resume shows Tune's progress table or not (``--quiet``), drawn too.
+
+After every kill the study's Parquet must be readable. When a study finishes (its driver exits
+by itself, 0), it must hold exactly ``num_samples`` trials, all final; no (trial_id, iteration)
+twice in history; every trial that had ended in the Parquet before a kill has the same history
+rows after it; no Optuna trial RUNNING and exactly one finished Optuna trial per Tune trial.
+A study that finishes before the campaign has made its K kills is followed by another.
+
+    .venv/bin/python bench/kill_campaign.py                      # 30 kills, local storage
+    .venv/bin/python bench/kill_campaign.py --s3 --cluster       # moto S3, 3-node local Ray cluster
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pandas as pd
+import pyarrow.fs as pafs
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from study.records import read_end_records  # noqa: E402
+from study.search import TUNE_ID_ATTR, optuna_storage  # noqa: E402
+from study.storage import StudyPaths, is_remote, read_table, resolve  # noqa: E402
+
+ENDED = ("completed", "early_stopped", "diverged")
+MOMENTS = ("startup", "training", "trial-end", "state-save", "final-export")
+
+
+@dataclass
+class Kill:
+    number: int
+    study: str
+    verb: str
+    table: bool
+    moment: str
+    at_s: float
+    problems: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Campaign:
+    """One campaign: where, how many kills, and what each driver gets."""
+
+    storage: str
+    kills: int
+    seed: int
+    spec: str = "parity-smoke"
+    num_samples: int = 8
+    address: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    log_dir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="kill-campaign-")))
+    on_cycle: Callable[[int], None] | None = None
+    """Called with the cycle number before each driver starts (the cluster variant removes a node)."""
+    echo: Callable[[str], None] = print
+
+
+def _driver(c: Campaign, args: list[str], log: Path) -> subprocess.Popen[bytes]:
+    extra = ["--address", c.address] if c.address else []
+    with log.open("wb") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "study", *args, "--storage", c.storage, *extra],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            cwd=REPO,
+            start_new_session=True,  # its own process group, as in a terminal: killed whole
+            env={**os.environ, **c.env},
+        )
+
+
+def _end_ids(paths: StudyPaths) -> set[str]:
+    try:
+        return set(read_end_records(paths))
+    except (OSError, ValueError):
+        return set()
+
+
+def _state_mtime(paths: StudyPaths) -> float:
+    """When Tune last saved its experiment state (0 if never), on any storage."""
+    fs, directory = resolve(paths.experiment)
+    infos = fs.get_file_info(pafs.FileSelector(directory, allow_not_found=True))
+    times = [
+        i.mtime.timestamp()
+        for i in infos
+        if i.type == pafs.FileType.File and i.base_name.startswith("experiment_state-") and i.mtime
+    ]
+    return max(times, default=0.0)
+
+
+def _wait(proc: subprocess.Popen[bytes], until: Callable[[], bool], timeout: float, poll: float) -> bool:
+    """True when ``until`` held before the driver exited by itself."""
+    deadline = time.monotonic() + timeout
+    while proc.poll() is None and time.monotonic() < deadline:
+        if until():
+            return True
+        time.sleep(poll)
+    return False
+
+
+def _moment_reached(c: Campaign, paths: StudyPaths, moment: str, rng: random.Random) -> Callable[[], bool]:
+    start = time.monotonic()
+    if moment == "startup":
+        delay = rng.uniform(0.0, 6.0)
+        return lambda: time.monotonic() - start >= delay
+    if moment == "training":
+        delay = rng.uniform(6.0, 30.0)
+        return lambda: time.monotonic() - start >= delay
+    if moment == "trial-end":
+        seen = _end_ids(paths)
+        return lambda: bool(_end_ids(paths) - seen)
+    if moment == "state-save":
+        before = _state_mtime(paths)
+        return lambda: _state_mtime(paths) > before
+    # final-export: every trial has its end record; the driver is writing the Parquet, failing
+    # Optuna's orphans, shutting Ray down
+    extra = rng.uniform(0.0, 1.0)
+    reached: list[float] = []
+
+    def final() -> bool:
+        if not reached and len(_end_ids(paths)) >= c.num_samples:
+            reached.append(time.monotonic())
+        return bool(reached) and time.monotonic() - reached[0] >= extra
+
+    return final
+
+
+def _read(uri: str) -> pd.DataFrame | None:
+    table = read_table(uri)
+    return None if table is None else table.to_pandas()
+
+
+def _snapshot(paths: StudyPaths, seen: dict[str, pd.DataFrame]) -> list[str]:
+    """The Parquet must be readable; remember the history rows of every trial it shows ended."""
+    try:
+        t = _read(paths.trials_parquet)
+        h = _read(paths.history_parquet)
+    except Exception as e:
+        return [f"Parquet unreadable: {type(e).__name__}: {e}"]
+    if t is None or h is None:
+        return []
+    for trial_id in t.loc[t["status"].isin(ENDED), "trial_id"]:
+        if trial_id not in seen:
+            rows = h[h["trial_id"] == trial_id].sort_values("iteration").reset_index(drop=True)
+            seen[trial_id] = rows
+    return []
+
+
+def _final_problems(c: Campaign, paths: StudyPaths, seen: dict[str, pd.DataFrame]) -> list[str]:
+    problems: list[str] = []
+    t, h = _read(paths.trials_parquet), _read(paths.history_parquet)
+    if t is None or h is None:
+        return ["no Parquet at the end"]
+    if len(t) != c.num_samples:
+        problems.append(f"{len(t)} trials, not {c.num_samples}")
+    if not t["status"].isin(ENDED).all():
+        problems.append(f"not all final: {t['status'].value_counts().to_dict()}")
+    dup = h.duplicated(["trial_id", "iteration"])
+    if dup.any():
+        problems.append(f"{int(dup.sum())} (trial_id, iteration) repeated in history")
+    for trial_id, rows in seen.items():
+        now = h[h["trial_id"] == trial_id].sort_values("iteration").reset_index(drop=True)
+        if not rows.equals(now):
+            problems.append(f"trial {trial_id}: history rows changed after it had ended")
+    ends = read_end_records(paths)
+    missing = set(ends) - set(t["trial_id"])
+    if missing:
+        problems.append(f"ended trials missing from the Parquet: {sorted(missing)}")
+    study = optuna.load_study(study_name=paths.name, storage=optuna_storage(paths))
+    running = [x.number for x in study.trials if x.state == optuna.trial.TrialState.RUNNING]
+    if running:
+        problems.append(f"Optuna trials left RUNNING: {running}")
+    finished = [x for x in study.trials if x.state.is_finished()]
+    by_tune: dict[str, int] = {}
+    for x in finished:
+        tune_id = x.user_attrs.get(TUNE_ID_ATTR)
+        by_tune[tune_id] = by_tune.get(tune_id, 0) + 1
+    for trial_id in t["trial_id"]:
+        if by_tune.get(trial_id) != 1:
+            problems.append(f"trial {trial_id}: {by_tune.get(trial_id, 0)} finished Optuna trials")
+    if len(finished) != c.num_samples:
+        problems.append(f"{len(finished)} finished Optuna trials for {c.num_samples} Tune trials")
+    return problems
+
+
+def run_campaign(c: Campaign) -> tuple[int, list[Kill]]:
+    """Make ``c.kills`` kills; returns (kills survived, every kill)."""
+    rng = random.Random(c.seed)
+    kills: list[Kill] = []
+    study_no, cycle = 0, 0
+    survived = 0
+    while len(kills) < c.kills:
+        name = f"k{c.seed}-{study_no}"
+        paths = StudyPaths(c.storage, name)
+        seen: dict[str, pd.DataFrame] = {}
+        study_kills: list[Kill] = []
+        verb_args = ["run", c.spec, "--name", name, "--num-samples", str(c.num_samples)]
+        failed = False
+        while True:
+            cycle += 1
+            if c.on_cycle is not None:
+                c.on_cycle(cycle)
+            table = rng.random() < 0.5
+            killing = len(kills) < c.kills
+            moment = rng.choice(MOMENTS) if killing else "none"
+            log = c.log_dir / f"{name}-{cycle:03d}.log"
+            proc = _driver(c, [*verb_args, *([] if table else ["--quiet"])], log)
+            started = time.monotonic()
+            poll = 0.05 if is_remote(c.storage) else 0.002
+            reached = killing and _wait(proc, _moment_reached(c, paths, moment, rng), 600, poll)
+            if reached:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                kill = Kill(len(kills) + 1, name, verb_args[0], table, moment, time.monotonic() - started)
+                kill.problems += _snapshot(paths, seen)
+                kills.append(kill)
+                study_kills.append(kill)
+                c.echo(
+                    f"kill {kill.number}/{c.kills}: {name} {kill.verb} ({'table' if table else 'quiet'}) "
+                    f"at {kill.moment}, {kill.at_s:.1f} s"
+                    + (f": {'; '.join(kill.problems)}" if kill.problems else "")
+                )
+                if paths.exists():  # killed before `run` saved the spec: the user runs it again
+                    verb_args = ["resume", name]
+                continue
+            rc = proc.wait(timeout=900)
+            if rc != 0:
+                tail = log.read_text(errors="replace")[-2000:]
+                problem = (
+                    f"{verb_args[0]} exited {rc}: {tail.strip().splitlines()[-1] if tail.strip() else ''}"
+                )
+                c.echo(f"  {name}: {problem} (log {log})")
+                if study_kills:
+                    study_kills[-1].problems.append(problem)
+                failed = True
+            break
+        if not failed:
+            problems = _final_problems(c, paths, seen)
+            if problems:
+                c.echo(f"  {name}: " + "; ".join(problems))
+                if study_kills:
+                    study_kills[-1].problems += problems
+            else:
+                c.echo(f"  {name}: finished after {len(study_kills)} kills, every check held")
+        ok = not failed and all(not k.problems for k in study_kills)
+        survived += len(study_kills) if ok else 0  # a study that failed counts none of its kills
+        study_no += 1
+    return survived, kills
+
+
+def _moto(c: Campaign) -> Any:
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    env = {
+        "AWS_ENDPOINT_URL": f"http://{host}:{port}",
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_EC2_METADATA_DISABLED": "true",
+        "PONDER_STUDY_CACHE": tempfile.mkdtemp(prefix="kill-campaign-cache-"),
+    }
+    os.environ.update(env)  # this process reads the results too, and Ray's nodes inherit them
+    import pyarrow.fs as pafs
+
+    bucket = f"kill-campaign-{os.getpid()}"
+    pafs.S3FileSystem(endpoint_override=env["AWS_ENDPOINT_URL"], allow_bucket_creation=True).create_dir(
+        bucket
+    )
+    c.storage = f"s3://{bucket}"
+    return server
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--kills", type=int, default=30)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--num-samples", type=int, default=8)
+    p.add_argument("--spec", default="parity-smoke")
+    p.add_argument("--storage", help="a local directory (default: a new temporary one)")
+    p.add_argument("--s3", action="store_true", help="storage on S3 (moto's server on loopback)")
+    p.add_argument("--cluster", action="store_true", help="a 3-node local Ray cluster; one worker removed")
+    args = p.parse_args()
+    c = Campaign(
+        storage=args.storage or tempfile.mkdtemp(prefix="kill-campaign-storage-"),
+        kills=args.kills,
+        seed=args.seed,
+        spec=args.spec,
+        num_samples=args.num_samples,
+    )
+    server = _moto(c) if args.s3 else None
+    cluster = None
+    if args.cluster:
+        import ray
+        from ray.cluster_utils import Cluster
+
+        cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
+        workers = [cluster.add_node(num_cpus=2, num_gpus=2) for _ in range(2)]
+        cluster.wait_for_nodes()
+        c.address = cluster.address
+        remove_at = max(2, args.kills // 3)
+
+        def on_cycle(cycle: int) -> None:
+            if cycle == remove_at and len(workers) == 2:
+
+                def remove() -> None:  # a lost machine, mid-study, while a driver runs
+                    cluster.remove_node(workers.pop())
+                    c.echo(f"(cycle {cycle}: a worker node removed)")
+
+                threading.Timer(10.0, remove).start()
+
+        c.on_cycle = on_cycle
+    c.echo(f"storage {c.storage}; logs {c.log_dir}")
+    t0 = time.monotonic()
+    try:
+        survived, kills = run_campaign(c)
+    finally:
+        if cluster is not None:
+            import ray
+
+            ray.shutdown()
+            cluster.shutdown()
+        if server is not None:
+            server.stop()
+    moments = {m: sum(1 for k in kills if k.moment == m) for m in MOMENTS}
+    c.echo(f"moments: {json.dumps(moments)}; {time.monotonic() - t0:.0f} s")
+    print(f"kills survived {survived}/{len(kills)}")
+
+
+if __name__ == "__main__":
+    main()

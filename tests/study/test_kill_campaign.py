@@ -1,0 +1,43 @@
+"""The kill campaign of ``bench/kill_campaign.py``, seeded and smaller: a real smoke study whose
+driver is SIGKILLed (its whole process group) at drawn moments and resumed after each kill."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.study.conftest import REPO
+
+pytestmark = pytest.mark.slow
+
+
+def _bench() -> object:
+    spec = importlib.util.spec_from_file_location("kill_campaign", REPO / "bench" / "kill_campaign.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["kill_campaign"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_study_survives_sigkills_at_drawn_moments(tmp_path: Path) -> None:
+    bench = _bench()
+    lines: list[str] = []
+    campaign = bench.Campaign(  # type: ignore[attr-defined]
+        storage=str(tmp_path / "storage"),
+        kills=4,
+        seed=5,
+        num_samples=6,
+        log_dir=tmp_path,
+        echo=lines.append,
+    )
+    survived, kills = bench.run_campaign(campaign)  # type: ignore[attr-defined]
+    report = "\n".join(lines)
+    assert len(kills) == 4, report
+    assert [k.problems for k in kills] == [[]] * 4, report
+    assert survived == 4, report
+    assert {k.table for k in kills} == {True, False}, report  # the progress table on and off
+    assert "every check held" in report, report
