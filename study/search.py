@@ -103,6 +103,16 @@ class DivergenceAwareOptunaSearch(OptunaSearch):
         self._stale = False
         super().__init__(storage=optuna_storage(paths), **kwargs)
 
+    def _setup_study(self, mode: Any) -> None:
+        """Create or load the Optuna study. A study resumed after a driver was stopped before
+        Tune saved any state (or whose only state was torn by the kill) starts a new Tune
+        experiment on its existing journal: the trials asked then, still RUNNING, are orphans."""
+        super()._setup_study(mode)
+        if self._ot_study is not None:
+            mine = {t.number for t in self._ot_trials.values()}
+            running = self._ot_study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
+            self._orphans = [t.number for t in running if t.number not in mine]
+
     def _reopen_study(self) -> None:
         self._stale = False
         if self._ot_study is None:  # not set up yet: nothing was asked of Optuna

@@ -121,3 +121,17 @@ def test_replay_tells_optuna_the_ends_it_missed(tmp_path: Path, outcome: str) ->
     assert t2.state == optuna.trial.TrialState.RUNNING  # still Tune's to run
     searcher.on_trial_complete("t1", result={METRIC: 0.1})  # Tune's own tell later: not twice
     assert _study(paths).trials[0].state == t1.state
+
+
+def test_a_new_tune_experiment_on_an_existing_journal_adopts_its_running_trials(tmp_path: Path) -> None:
+    """Killed before Tune saved any state (or with its only state torn), a study resumes as a new
+    Tune experiment on its Optuna journal: the trials asked before the kill are reused, not left
+    RUNNING beside new ones."""
+    paths = StudyPaths(str(tmp_path), "s")
+    first = _searcher(paths)
+    asked = [first.suggest("t1"), first.suggest("t2")]
+    again = _searcher(paths)  # the resume's searcher, built anew
+    assert [again.suggest("u1"), again.suggest("u2")] == asked
+    again.suggest("u3")
+    trials = _study(paths).trials
+    assert [t.user_attrs[TUNE_ID_ATTR] for t in trials] == ["u1", "u2", "u3"]
