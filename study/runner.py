@@ -15,11 +15,12 @@ study's lease (`study.lease`) from before Ray starts to their end: one driver pe
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import logging
 import os
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -410,19 +411,28 @@ def _check_fault_drill() -> None:
         raise StudyError(str(e)) from e
 
 
-def run_study(spec: StudySpec, *, address: str | None = None, verbose: int = 1) -> StudyOutcome:
-    """Start a new study named ``spec.name`` under ``spec.run.storage`` and run it to the end."""
+def run_study(
+    spec: StudySpec,
+    *,
+    address: str | None = None,
+    verbose: int = 1,
+    warm_start: Sequence[Mapping[str, Any]] = (),
+    resume_hint: str | None = None,
+) -> StudyOutcome:
+    """Start a new study named ``spec.name`` under ``spec.run.storage`` and run it to the end;
+    ``warm_start`` configurations (`study.warmstart`) are its first trials."""
     _check_fault_drill()
     paths = StudyPaths(spec.run.storage, spec.name)
     with hold_lease(paths, "run"):  # before the name is checked: two runs of one name, one wins
         if paths.exists() or tune.Tuner.can_restore(paths.experiment):
+            hint = resume_hint or f"ponder-study resume {spec.name}"
             raise StudyError(
                 f"a study named {spec.name!r} already exists under {spec.run.storage}: "
-                f"resume it with `ponder-study resume {spec.name}`, or pick another --name"
+                f"resume it with `{hint}`, or pick another --name"
             )
         _init_ray(address, paths)  # before anything is written: a run that cannot start leaves no study
         write_bytes(paths.spec, spec.source.encode())
-        return _fit(spec, paths, address, verbose, restore=False)
+        return _fit(spec, paths, address, verbose, restore=False, warm_start=warm_start)
 
 
 def load_study_spec(name: str, storage: str) -> tuple[StudySpec, StudyPaths]:
@@ -437,11 +447,44 @@ def load_study_spec(name: str, storage: str) -> tuple[StudySpec, StudyPaths]:
     return spec, paths
 
 
-def resume_study(name: str, storage: str, *, address: str | None = None, verbose: int = 1) -> StudyOutcome:
-    """Finish an interrupted study: nothing finished runs again, nothing unfinished is lost."""
+def check_whole(paths: StudyPaths, spec: StudySpec) -> None:
+    """Refuse a study that is half there (a partial copy or download) before anything is written:
+    its Optuna journal and, once trials have ended, Tune's experiment must be where it is."""
+    journal = paths.optuna_journal_copy or paths.optuna_journal
+    ended = read_end_records(paths)
+    has_tune = tune.Tuner.can_restore(paths.experiment)
+    if (ended or has_tune) and read_bytes(journal) is None and not Path(paths.optuna_journal).exists():
+        raise StudyError(
+            f"study {paths.name!r} under {paths.root} is incomplete: its Optuna journal {journal} is missing "
+            "(copy the whole study folder: studies/, tune/, trials/, history/)"
+        )
+    if ended and not has_tune:
+        raise StudyError(
+            f"study {paths.name!r} under {paths.root} is incomplete: {len(ended)} trials ended but Tune's "
+            f"experiment {paths.experiment} is missing (copy tune/{paths.name}/ too)"
+        )
+
+
+def resume_study(
+    name: str, storage: str, *, address: str | None = None, verbose: int = 1, more: int = 0
+) -> StudyOutcome:
+    """Finish an interrupted study: nothing finished runs again, nothing unfinished is lost.
+    ``more`` adds that many trials to it (finished or not), the sampler going on where it was."""
     _check_fault_drill()
-    with hold_lease(StudyPaths(storage, name), "resume"):  # a `run` still starting has no spec yet
+    if more < 0:
+        raise StudyError(f"--more must be a positive integer, got {more}")
+    spec, paths = load_study_spec(name, storage)
+    check_whole(paths, spec)  # read-only: a half-copied study is refused before the lease is taken
+    with hold_lease(paths, "resume"):
         spec, paths = load_study_spec(name, storage)
+        if more:
+            if spec.search.sampler == "grid":
+                raise StudyError(
+                    f"study {name!r} uses the grid sampler, whose trials are its grid's points: "
+                    "--more cannot add any; start a new study with a larger grid"
+                )
+            spec = spec.with_overrides(num_samples=spec.search.num_samples + more)
+            write_bytes(paths.spec, spec.source.encode())  # the stored spec holds the new total
         restore = _restorable(paths)
         return _fit(spec, paths, address, verbose, restore=restore)
 
@@ -532,10 +575,19 @@ def _replay(controller: Any, trials: list[Trial], spec: StudySpec, paths: StudyP
             trial.update_last_result(dict(end.last_result))  # type: ignore[no-untyped-call]
         # the concurrency limiter still counts it live; the searcher skips an end it was told
         controller._search_alg.on_trial_complete(trial.trial_id, result=dict(end.last_result))
+    search_alg = controller._search_alg
+    experiment = getattr(search_alg, "_experiment", None)
+    if experiment is not None and getattr(controller, "_storage", None) is not None:
+        # the searcher's saved experiment creates new trials with the first run's storage: a
+        # study resumed from a copy would send their checkpoints to the old place
+        experiment.storage = copy.copy(controller._storage)
+        experiment.spec["storage"] = experiment.storage
+    if hasattr(search_alg, "_total_samples"):  # the stored spec is the truth (`resume --more`)
+        search_alg._total_samples = spec.search.num_samples
     missing = set(ends) - known
-    if missing and hasattr(controller._search_alg, "_counter"):
+    if missing and hasattr(search_alg, "_counter"):
         log.info("%d ended trials are not in Tune's saved state; they count towards the study", len(missing))
-        controller._search_alg._counter += len(missing)
+        search_alg._counter += len(missing)
 
 
 @contextlib.contextmanager
@@ -561,7 +613,12 @@ def _replaying_records(spec: StudySpec, paths: StudyPaths) -> Iterator[None]:
 
 
 def _fit(
-    spec: StudySpec, paths: StudyPaths, address: str | None, verbose: int, restore: bool
+    spec: StudySpec,
+    paths: StudyPaths,
+    address: str | None,
+    verbose: int,
+    restore: bool,
+    warm_start: Sequence[Mapping[str, Any]] = (),
 ) -> StudyOutcome:
     _init_ray(address, paths)
     pull_journal(paths)
@@ -580,7 +637,7 @@ def _fit(
             trainable,
             param_space=_space(spec),
             tune_config=tune.TuneConfig(
-                search_alg=make_searcher(spec, paths),
+                search_alg=make_searcher(spec, paths, warm_start),
                 scheduler=make_scheduler(spec, paths),
                 num_samples=spec.search.num_samples,
             ),
