@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import sys
 from collections.abc import Sequence
 from typing import NoReturn
@@ -15,7 +16,7 @@ from typing import NoReturn
 import pandas as pd
 
 from study.lease import LeaseHeld
-from study.spec import SpecError, list_specs, load_spec
+from study.spec import SpecError, StudySpec, list_specs, load_spec
 from study.storage import StudyPaths, list_studies, read_table
 
 __all__ = ["build_parser", "main"]
@@ -89,6 +90,15 @@ def build_parser() -> argparse.ArgumentParser:
     storage(run)
     address(run)
     run.add_argument("--quiet", action="store_true", help="no progress table, just the summary")
+    run.add_argument(
+        "--warm-start",
+        metavar="STUDY",
+        help="an earlier study (same storage) whose best trials, by its own objective, are this study's "
+        "first trials (only the fields this spec searches; a value outside this spec's space is refused)",
+    )
+    run.add_argument(
+        "--top", type=int, default=5, metavar="K", help="how many of --warm-start's best trials (default: 5)"
+    )
 
     resume = sub.add_parser(
         "resume",
@@ -99,6 +109,14 @@ def build_parser() -> argparse.ArgumentParser:
     resume.add_argument("name", help="the study's name")
     storage(resume)
     address(resume)
+    resume.add_argument(
+        "--more",
+        type=int,
+        default=None,
+        metavar="N",
+        help="add N trials to the study, finished or not: Optuna's sampler goes on with every earlier "
+        "trial, ASHA's rungs keep their results, finished trials do not run again",
+    )
     resume.add_argument(
         "--quiet",
         action="store_true",
@@ -158,10 +176,38 @@ def _trials(paths: StudyPaths) -> pd.DataFrame | None:
     return None if table is None else table.to_pandas()
 
 
+def resume_command(name: str, storage: str) -> str:
+    """The exact command that continues a study, quoted for a POSIX shell."""
+    command = f"{PROG} resume {shlex.quote(name)}"
+    if storage != DEFAULT_STORAGE:
+        command += f" --storage {shlex.quote(storage)}"
+    return command
+
+
+def _warm_start(name: str, storage: str, spec: StudySpec, top: int) -> list[dict[str, object]]:
+    from study.runner import load_study_spec
+    from study.warmstart import warm_start_points
+
+    earlier, paths = load_study_spec(name, storage)
+    table = read_table(paths.trials_parquet)
+    if table is None:
+        raise SpecError(
+            f"--warm-start {name}: it has no Parquet yet under {storage}; run `{PROG} export {name}`"
+        )
+    start = warm_start_points(spec, earlier, table.to_pandas(), top, name)
+    print(f"warm start: {len(start.points)} best trials of {name} ({', '.join(start.trial_ids)}) go first")
+    if start.left_out:
+        print(f"warm start: not searched here, so left out: {', '.join(start.left_out)}")
+    return start.points
+
+
 def summary(paths: StudyPaths, metric: str = "test/halted_accuracy", mode: str = "max", top: int = 10) -> str:
     """Trials by status and the top trials by ``metric`` (``mode``: which end is the top), from
-    the study's Parquet; running trials included, so that a study in progress shows its leaders."""
-    df = _trials(paths)
+    the study's Parquet; running trials included, so that a study in progress shows its leaders.
+
+    The study's end records are the truth: a trial they hold that the Parquet lacks or shows
+    running (a driver stopped before it rewrote the Parquet) is shown ended, from its record."""
+    df, stale = _with_end_records(_trials(paths), paths)
     if df is None or df.empty:
         return f"study {paths.name}: no trial has finished yet"
     counts = df["status"].value_counts()
@@ -174,7 +220,42 @@ def summary(paths: StudyPaths, metric: str = "test/halted_accuracy", mode: str =
         lines.append(f"top {len(best)} by {metric}:")
         lines.append(best.to_string(index=False))
     lines.append(f"Parquet: {paths.trials_parquet}  (history: {paths.history_parquet})")
+    if stale:
+        lines.append(
+            f"{stale} ended trials are not in the Parquet yet (a driver stopped before writing it): "
+            f"`{PROG} export {shlex.quote(paths.name)}"
+            + (f" --storage {shlex.quote(paths.root)}`" if paths.root != DEFAULT_STORAGE else "`")
+            + " writes them"
+        )
     return "\n".join(lines)
+
+
+def _with_end_records(df: pd.DataFrame | None, paths: StudyPaths) -> tuple[pd.DataFrame | None, int]:
+    """The trials table with every end record's trial shown ended; how many it had to mend."""
+    from study.records import read_end_records
+
+    ends = read_end_records(paths)
+    if not ends:
+        return df, 0
+    shown = {} if df is None else dict(zip(df["trial_id"], df["status"], strict=True))
+    mend = [
+        e for e in ends.values() if shown.get(e.trial_id) not in ("completed", "early_stopped", "diverged")
+    ]
+    if not mend:
+        return df, 0
+    rows = []
+    for e in mend:
+        row = {k: v for k, v in e.last_result.items() if not isinstance(v, (dict, list))}
+        row.update({k: v for k, v in e.config.items() if not isinstance(v, (dict, list))})
+        row.update(trial_id=e.trial_id, status=e.outcome, iteration=e.iteration)
+        rows.append(row)
+    extra = pd.DataFrame(rows)
+    if df is None:
+        return extra, len(mend)
+    kept = df[~df["trial_id"].isin([e.trial_id for e in mend])]
+    return pd.concat([kept, extra[[c for c in extra.columns if c in df.columns]]], ignore_index=True), len(
+        mend
+    )
 
 
 def _list(storage: str) -> str:
@@ -223,22 +304,35 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(format_evaluation(result))
             return 0
         from study import runner  # imports Ray: only for the commands that need it
+        from study.warmstart import WarmStartError
 
-        refused += (runner.StudyError,)
+        refused += (runner.StudyError, WarmStartError)
 
         if args.command == "run":
             if args.num_samples is not None and args.num_samples < 1:
                 _fail(f"--num-samples must be >= 1, got {args.num_samples}")
+            if args.top < 1:
+                _fail(f"--top must be a positive integer, got {args.top}")
             spec = load_spec(args.spec).with_overrides(
                 name=args.name, num_samples=args.num_samples, storage=storage_arg
             )
-            outcome = runner.run_study(spec, address=args.address, verbose=0 if args.quiet else 1)
+            points = _warm_start(args.warm_start, spec.run.storage, spec, args.top) if args.warm_start else []
+            outcome = runner.run_study(
+                spec,
+                address=args.address,
+                verbose=0 if args.quiet else 1,
+                warm_start=points,
+                resume_hint=resume_command(spec.name, spec.run.storage),
+            )
         elif args.command == "resume":
+            if args.more is not None and args.more < 1:
+                _fail(f"--more must be a positive integer, got {args.more}")
             outcome = runner.resume_study(
                 args.name,
                 storage_arg or DEFAULT_STORAGE,
                 address=args.address,
                 verbose=0 if args.quiet else 1,
+                more=args.more or 0,
             )
         elif args.command == "export":
             paths = runner.export(args.name, storage_arg or DEFAULT_STORAGE)
@@ -257,8 +351,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not outcome.finished:
         print(
             f"{PROG}: the study was interrupted before all its trials finished; "
-            f"resume it with: {PROG} resume {paths.name}"
-            + (f" --storage {paths.root}" if paths.root != DEFAULT_STORAGE else ""),
+            f"resume it with: {resume_command(paths.name, paths.root)}",
             file=sys.stderr,
         )
         return EXIT_INTERRUPTED

@@ -29,8 +29,9 @@ from ponder.model import HaltedOutput, PonderNet
 from ponder.tasks import accuracy
 from ponder.trainer import Trainer
 from study.parquet import ENDED_WITH_RESULT, ranked_trials
+from study.records import EndRecord
 from study.spec import SpecError, parse_spec
-from study.storage import CHECKPOINT_FILE, StudyPaths, list_studies, read_bytes, read_table
+from study.storage import CHECKPOINT_FILE, StudyPaths, join, list_studies, read_bytes, read_table
 
 __all__ = [
     "CHECKPOINT_FILE",
@@ -126,7 +127,7 @@ def evaluate_trial(
         chosen_by = f"{metric} ({mode})"
     else:
         row = _named(rows, name, trial_id)
-    trainer = _load(row, device)
+    trainer, loaded = _load(row, device, paths)
 
     full = trainer.evaluate()  # training's own path: full unroll, halting step sampled from p
     trainer.model.eval()  # evaluate() leaves it in train mode
@@ -145,7 +146,7 @@ def evaluate_trial(
         study=name,
         trial_id=str(row["trial_id"]),
         status=str(row.get("status")),
-        checkpoint=str(row["checkpoint_path"]),
+        checkpoint=loaded.removesuffix(f"/{CHECKPOINT_FILE}"),
         iteration=trainer.iteration,
         lambda_p=trainer.config.lambda_p,
         beta=trainer.config.beta,
@@ -264,21 +265,44 @@ def _some_ids(rows: list[dict[str, Any]], most: int = 5) -> str:
     return f"its trials: {', '.join(ids)}{more}"
 
 
-def _load(row: dict[str, Any], device: str) -> Trainer:
-    """The trial's trainer from ``<checkpoint_path>/trainer.pt``, local or remote, weights only."""
+def _checkpoint_candidates(row: dict[str, Any], paths: StudyPaths) -> list[str]:
+    """Where the trial's checkpoint may be, most trusted first: its end record's path (relative
+    to the storage root, so true wherever the study was copied), the Parquet's, and the Parquet's
+    moved under this storage's ``tune/<name>/`` (a Parquet written before the study was moved)."""
+    out = []
+    record = read_bytes(paths.end_record(str(row["trial_id"])))
+    if record is not None:
+        relative = EndRecord.from_json(record).checkpoint
+        if relative and "://" not in relative and not relative.startswith("/"):
+            out.append(join(paths.root, relative))
     where = row.get("checkpoint_path")
+    if where:
+        out.append(str(where))
+        marker = f"/tune/{paths.name}/"
+        if marker in str(where):
+            out.append(paths.experiment + "/" + str(where).split(marker, 1)[1])
+    return [c.rstrip("/") for c in dict.fromkeys(out)]
+
+
+def _load(row: dict[str, Any], device: str, paths: StudyPaths) -> tuple[Trainer, str]:
+    """The trial's trainer from ``<checkpoint>/trainer.pt``, local or remote, weights only."""
     trial = f"trial {row['trial_id']} ({row.get('status')})"
-    if not where:
+    candidates = _checkpoint_candidates(row, paths)
+    if not candidates:
         raise EvaluateError(f"{trial} has no checkpoint: it made no report yet; pick another with --trial ID")
-    path = f"{str(where).rstrip('/')}/{CHECKPOINT_FILE}"
-    data = read_bytes(path)
+    path, data = f"{candidates[0]}/{CHECKPOINT_FILE}", None
+    for where in candidates:
+        data = read_bytes(f"{where}/{CHECKPOINT_FILE}")
+        if data is not None:
+            path = f"{where}/{CHECKPOINT_FILE}"
+            break
     if data is None:
         raise EvaluateError(
             f"{trial}: checkpoint file {path} is missing; was the study's tune/ directory moved or pruned? "
             "pick another trial with --trial ID"
         )
     try:
-        return Trainer.from_checkpoint(io.BytesIO(data), device=device)
+        return Trainer.from_checkpoint(io.BytesIO(data), device=device), path
     except Exception as exc:  # torch.load's UnpicklingError, a truncated file, a state that does not fit
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise EvaluateError(

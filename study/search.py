@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -97,10 +97,13 @@ class DivergenceAwareOptunaSearch(OptunaSearch):
     (an orphan), is handed to the next new Tune trial instead of a new ask.
     """
 
-    def __init__(self, *, paths: StudyPaths, **kwargs: Any) -> None:
+    def __init__(
+        self, *, paths: StudyPaths, warm_start: Sequence[Mapping[str, Any]] = (), **kwargs: Any
+    ) -> None:
         self._paths = paths
         self._orphans: list[int] = []
         self._stale = False
+        self._warm_start = [dict(p) for p in warm_start]
         super().__init__(storage=optuna_storage(paths), **kwargs)
 
     def _setup_study(self, mode: Any) -> None:
@@ -112,6 +115,8 @@ class DivergenceAwareOptunaSearch(OptunaSearch):
             mine = {t.number for t in self._ot_trials.values()}
             running = self._ot_study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
             self._orphans = [t.number for t in running if t.number not in mine]
+            for point in self._warm_start:  # a warm start's configurations go first, once
+                self._ot_study.enqueue_trial(point, skip_if_exists=True)
 
     def _reopen_study(self) -> None:
         self._stale = False
@@ -215,8 +220,11 @@ def optuna_storage(paths: StudyPaths) -> optuna.storages.JournalStorage:
     return optuna.storages.JournalStorage(JournalFileBackend(str(journal)))
 
 
-def make_searcher(spec: StudySpec, paths: StudyPaths) -> ConcurrencyLimiter:
-    """Seeded Optuna search whose study lives in a journal file beside the results."""
+def make_searcher(
+    spec: StudySpec, paths: StudyPaths, warm_start: Sequence[Mapping[str, Any]] = ()
+) -> ConcurrencyLimiter:
+    """Seeded Optuna search whose study lives in a journal file beside the results; the
+    ``warm_start`` configurations are its first trials."""
     metrics, modes = [m for m, _ in spec.objectives], [mode for _, mode in spec.objectives]
     searcher = DivergenceAwareOptunaSearch(  # lists: Optuna's multi-objective study
         metric=metrics if spec.multi_objective else metrics[0],
@@ -224,6 +232,7 @@ def make_searcher(spec: StudySpec, paths: StudyPaths) -> ConcurrencyLimiter:
         sampler=_sampler(spec),
         study_name=paths.name,
         paths=paths,
+        warm_start=warm_start,
     )
     return ConcurrencyLimiter(searcher, max_concurrent=spec.search.max_concurrent)
 

@@ -24,22 +24,22 @@ CLI = [sys.executable, "-m", "study"]
 REPO = Path(__file__).resolve().parents[2]
 
 
-def cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    """Run ``ponder-study ARGS`` to the end."""
-    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout, cwd=REPO)
+def cli(*args: str, timeout: float = 300, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
+    """Run ``ponder-study ARGS`` to the end (in ``cwd``, the repository by default)."""
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout, cwd=cwd)
 
 
 class Driver:
     """``ponder-study ARGS`` running in its own process group, as in a terminal."""
 
-    def __init__(self, *args: str, log: Path, env: dict[str, str] | None = None) -> None:
+    def __init__(self, *args: str, log: Path, env: dict[str, str] | None = None, cwd: Path = REPO) -> None:
         self.log = log
         self._out = log.open("w")
         self.proc = subprocess.Popen(
             [*CLI, *args],
             stdout=self._out,
             stderr=subprocess.STDOUT,
-            cwd=REPO,
+            cwd=cwd,
             start_new_session=True,
             env={**os.environ, **(env or {})},
         )
@@ -81,8 +81,8 @@ class Driver:
 def driver(tmp_path: Path) -> Iterator[Callable[..., Driver]]:
     started: list[Driver] = []
 
-    def start(*args: str, env: dict[str, str] | None = None) -> Driver:
-        d = Driver(*args, log=tmp_path / f"driver-{len(started)}.log", env=env)
+    def start(*args: str, env: dict[str, str] | None = None, cwd: Path = REPO) -> Driver:
+        d = Driver(*args, log=tmp_path / f"driver-{len(started)}.log", env=env, cwd=cwd)
         started.append(d)
         return d
 
