@@ -1,7 +1,8 @@
 """``ponder-study``: run, resume, inspect and export hyperparameter studies of PonderNet.
 
-Exit codes: 0 done, 2 bad input (one line on stderr says what and how to fix it), 130 the
-study was interrupted (Ctrl-C) and can be resumed.
+Exit codes: 0 done, 1 an error or errored trials (one line, the traceback in a log file, and
+the command to continue), 2 bad input (one line on stderr says what and how to fix it), 130
+the study was stopped by a signal (Ctrl-C, SIGTERM, SIGHUP) and can be resumed.
 """
 
 from __future__ import annotations
@@ -9,14 +10,16 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
+import signal
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import NoReturn
 
 import pandas as pd
 
 from study.lease import LeaseHeld
-from study.spec import SpecError, StudySpec, list_specs, load_spec
+from study.spec import SpecError, StudySpec, check_name, list_specs, load_spec
 from study.storage import StudyPaths, list_studies, read_table
 
 __all__ = ["build_parser", "main"]
@@ -64,13 +67,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser, metavar="COMMAND")
 
-    def storage(p: argparse.ArgumentParser) -> None:
+    def storage(p: argparse.ArgumentParser, from_spec: bool = False) -> None:
+        fallback = "the spec's [run] storage" if from_spec else f"{DEFAULT_STORAGE} (the spec is not read)"
         p.add_argument(
             "--storage",
             default=None,
             help="where studies live: a local directory, or for a multi-node cluster shared storage: "
-            "s3://bucket/prefix, gs://..., or file:///mnt/nfs/... for a filesystem every node mounts "
-            f"(default: ${STORAGE_ENV}, else the spec's [run] storage, else {DEFAULT_STORAGE})",
+            "s3://bucket/prefix, gs://..., or file:///mnt/nfs/... for a filesystem every node mounts; "
+            f"~ and $VARS are expanded (default: ${STORAGE_ENV}, else {fallback})",
         )
 
     def address(p: argparse.ArgumentParser) -> None:
@@ -87,7 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("spec", help=f"a shipped spec ({', '.join(list_specs())}) or a path to a .toml file")
     run.add_argument("--name", help="the study's name (default: the spec's name); must be new")
     run.add_argument("--num-samples", type=int, help="number of trials (default: the spec's)")
-    storage(run)
+    storage(run, from_spec=True)
     address(run)
     run.add_argument("--quiet", action="store_true", help="no progress table, just the summary")
     run.add_argument(
@@ -271,26 +275,119 @@ def _list(storage: str) -> str:
     return "\n".join(lines)
 
 
+EXIT_ERROR = 1
+
+
+def _storage_arg(args: argparse.Namespace) -> str | None:
+    """--storage, else $PONDER_STUDY_STORAGE, expanded and checked; None when neither is set."""
+    from study.storage import StorageError, expand_storage
+
+    value: str | None = args.storage
+    where = "--storage"
+    if value is None and os.environ.get(STORAGE_ENV, "").strip():
+        value, where = os.environ[STORAGE_ENV], f"${STORAGE_ENV}"
+    if value is None:
+        return None
+    if not value.strip():
+        _fail(f"{where} must not be empty")
+    try:
+        return expand_storage(value)
+    except StorageError as e:
+        _fail(f"{where}: {e}")
+
+
+def _reach(storage: str) -> None:
+    from study.storage import StorageError, check_reachable
+
+    try:
+        check_reachable(storage)
+    except StorageError as e:
+        _fail(str(e))
+
+
+def _check_device(device: str) -> None:
+    """What torch can run on here, checked before a checkpoint is loaded."""
+    import torch
+
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError):
+        _fail(f"--device {device!r} is not a device; use cpu, cuda or cuda:N")
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            _fail(f"--device {device}: CUDA is not available on this machine; use --device cpu")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            _fail(f"--device {device}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    elif dev.type != "cpu":
+        _fail(f"--device {device!r}: ponder-study evaluates on cpu or cuda, not {dev.type}")
+
+
+def _log_failure(name: str | None, storage: str | None) -> str:
+    """The current exception's traceback in a log file, under the study where possible."""
+    import tempfile
+    import traceback
+    from datetime import UTC, datetime
+
+    text = traceback.format_exc()
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    if name and storage and "://" not in storage:
+        try:
+            logs = Path(StudyPaths(storage, name).study_dir) / "logs"
+            logs.mkdir(parents=True, exist_ok=True)
+            path = logs / f"driver-{stamp}-{os.getpid()}.log"
+            path.write_text(text)
+            return str(path)
+        except OSError:
+            pass
+    fd, path_str = tempfile.mkstemp(prefix=f"ponder-study-{name or 'error'}-{stamp}-", suffix=".log")
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    return path_str
+
+
+def _as_ctrl_c(signum: int, frame: object) -> None:
+    """SIGTERM (a job scheduler, `kill`) and SIGHUP (a closed terminal) stop a study as Ctrl-C
+    does: Tune saves its state and the study can be resumed."""
+    signal.raise_signal(signal.SIGINT)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit code."""
     args = build_parser().parse_args(argv)
-    storage_arg: str | None = args.storage
-    if storage_arg is not None and not storage_arg.strip():
-        _fail("--storage must not be empty")
-    if storage_arg is None and os.environ.get(STORAGE_ENV, "").strip():
-        storage_arg = os.environ[STORAGE_ENV].strip()
+    storage_arg = _storage_arg(args)
+    name = getattr(args, "name", None) if args.command != "run" else None
+    if name is not None:
+        try:
+            check_name(name, "name")
+        except SpecError as e:
+            _fail(str(e))
+    if args.command in ("run", "resume"):
+        return _drive(args, storage_arg, argv)
+    try:
+        return _read(args, storage_arg or DEFAULT_STORAGE)
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+def _read(args: argparse.Namespace, storage: str) -> int:
+    """The commands that read a study (and ``export``, which rewrites its Parquet)."""
+    _reach(storage)
     # each command imports what it needs (Ray only where it runs trials); their input errors,
     # one line each, are caught below once their module is loaded
     refused: tuple[type[Exception], ...] = (SpecError, LeaseHeld)
     try:
         if args.command == "list":
-            print(_list(storage_arg or DEFAULT_STORAGE))
+            print(_list(storage))
             return 0
         if args.command == "report":
             from study.report import ReportError, write_report
 
             refused += (ReportError,)
-            written = write_report(args.name, storage_arg or DEFAULT_STORAGE, out=args.out)
+            out = os.path.expanduser(args.out) if args.out else None
+            if out is not None and Path(out).exists() and not Path(out).is_dir():
+                _fail(f"--out {args.out} is a file; give a directory (it is created if missing)")
+            written = write_report(args.name, storage, out=out)
             print(f"wrote {len(written.plots)} plots and {written.index}")
             return 0
         if args.command == "evaluate":
@@ -299,15 +396,49 @@ def main(argv: Sequence[str] | None = None) -> int:
             refused += (EvaluateError,)
             if args.repeats < 1:
                 _fail(f"--repeats must be >= 1, got {args.repeats}")
-            storage = storage_arg or DEFAULT_STORAGE
+            _check_device(args.device)
             result = evaluate_trial(args.name, storage, args.trial, device=args.device, repeats=args.repeats)
             print(format_evaluation(result))
             return 0
+        from study import runner  # imports Ray (without starting it)
+
+        refused += (runner.StudyError,)
+        if args.command == "export":
+            paths = runner.export(args.name, storage)
+            print(f"wrote {paths.trials_parquet} and {paths.history_parquet}")
+            return 0
+        spec, paths = runner.load_study_spec(args.name, storage)  # status
+        print(summary(paths, spec.metric, spec.mode))
+        return 0
+    except OSError as e:  # pyarrow's errors reaching a remote storage (credentials, bucket, network)
+        _fail(f"could not read or write storage {storage}: {' '.join(str(e).split())}")
+    except refused as e:
+        _fail(str(e))
+
+
+def _drive(args: argparse.Namespace, storage_arg: str | None, argv: Sequence[str] | None = None) -> int:
+    """``run`` and ``resume``: however the driver stops, the study stays resumable, the exit code
+    says how it stopped (0 done, 1 an error or errored trials, 2 bad input, 130 a signal), and the
+    last line is the command that continues it. No traceback reaches the terminal: it is kept in
+    a log file under the study, whose path the error line gives."""
+    study: tuple[str, str] | None = None  # (name, storage) once known: what the hint resumes
+    if args.command == "resume":
+        study = (args.name, storage_arg or DEFAULT_STORAGE)
+    handlers = {sig: signal.signal(sig, _as_ctrl_c) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    refused: tuple[type[Exception], ...] = (SpecError, LeaseHeld)
+
+    def hint() -> str:
+        return (
+            f"resume it with: {resume_command(*study)}"
+            if study
+            else f"run it again: {PROG} {' '.join(map(shlex.quote, sys.argv[1:]))}"
+        )
+
+    try:
         from study import runner  # imports Ray: only for the commands that need it
         from study.warmstart import WarmStartError
 
         refused += (runner.StudyError, WarmStartError)
-
         if args.command == "run":
             if args.num_samples is not None and args.num_samples < 1:
                 _fail(f"--num-samples must be >= 1, got {args.num_samples}")
@@ -316,7 +447,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             spec = load_spec(args.spec).with_overrides(
                 name=args.name, num_samples=args.num_samples, storage=storage_arg
             )
+            _reach(spec.run.storage)
             points = _warm_start(args.warm_start, spec.run.storage, spec, args.top) if args.warm_start else []
+            study = (spec.name, spec.run.storage)
             outcome = runner.run_study(
                 spec,
                 address=args.address,
@@ -324,9 +457,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 warm_start=points,
                 resume_hint=resume_command(spec.name, spec.run.storage),
             )
-        elif args.command == "resume":
+        else:
             if args.more is not None and args.more < 1:
                 _fail(f"--more must be a positive integer, got {args.more}")
+            _reach(storage_arg or DEFAULT_STORAGE)
             outcome = runner.resume_study(
                 args.name,
                 storage_arg or DEFAULT_STORAGE,
@@ -334,25 +468,39 @@ def main(argv: Sequence[str] | None = None) -> int:
                 verbose=0 if args.quiet else 1,
                 more=args.more or 0,
             )
-        elif args.command == "export":
-            paths = runner.export(args.name, storage_arg or DEFAULT_STORAGE)
-            print(f"wrote {paths.trials_parquet} and {paths.history_parquet}")
-            return 0
-        else:  # status
-            spec, paths = runner.load_study_spec(args.name, storage_arg or DEFAULT_STORAGE)
-            print(summary(paths, spec.metric, spec.mode))
-            return 0
-    except OSError as e:  # pyarrow's errors reaching a remote storage (credentials, bucket, network)
-        _fail(f"could not read or write storage {storage_arg or DEFAULT_STORAGE}: {' '.join(str(e).split())}")
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted; {hint()}", file=sys.stderr)
+        return EXIT_INTERRUPTED
     except refused as e:
         _fail(str(e))
-    paths = outcome.paths
-    print(summary(paths, outcome.spec.metric, outcome.spec.mode))
-    if not outcome.finished:
-        print(
-            f"{PROG}: the study was interrupted before all its trials finished; "
-            f"resume it with: {resume_command(paths.name, paths.root)}",
-            file=sys.stderr,
-        )
+    except Exception as e:  # a full disk, a storage outage, a bug: one line, the traceback kept
+        import errno
+
+        log = _log_failure(*(study or (None, None)))
+        if isinstance(e, OSError) and e.errno == errno.ENOSPC:
+            what = f"no space left on the device of {e.filename or (study[1] if study else 'the storage')}"
+        else:
+            what = " ".join(f"{type(e).__name__}: {e}".split())[:300]
+        print(f"{PROG}: error: {what} (traceback in {log}); once fixed, {hint()}", file=sys.stderr)
+        return EXIT_ERROR
+    finally:
+        for sig, previous in handlers.items():
+            signal.signal(sig, previous)
+        # Tune leaves its own Ctrl-C handler behind: a Ctrl-C at the summary is a plain interrupt
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        paths = outcome.paths
+        print(summary(paths, outcome.spec.metric, outcome.spec.mode))
+        errored = outcome.statuses.get("errored", 0)
+        if errored:
+            print(f"{PROG}: {errored} trials errored (see their error column); {hint()}", file=sys.stderr)
+            return EXIT_ERROR
+        if not outcome.finished:
+            print(
+                f"{PROG}: the study was interrupted before all its trials finished; {hint()}", file=sys.stderr
+            )
+            return EXIT_INTERRUPTED
+        return 0
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted; {hint()}", file=sys.stderr)
         return EXIT_INTERRUPTED
-    return 0

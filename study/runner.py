@@ -275,8 +275,9 @@ class ParquetCallback(Callback):
             self._cache = ExportCache()
         try:
             write_tables(self.paths, self.spec, trials, self._cache)
-        except Exception:  # an export problem must not end the study; `export` can redo it
-            log.exception("could not write the study's Parquet; `ponder-study export` will retry")
+        except Exception as e:  # an export problem must not end the study; `export` can redo it
+            log.error("could not write the study's Parquet (%s); `ponder-study export` will retry", e)
+            log.debug("the Parquet write failed", exc_info=True)
 
     def on_trial_complete(self, iteration: int, trials: list[Trial], trial: Trial, **info: Any) -> None:
         push_journal(self.paths)
@@ -337,7 +338,10 @@ def push_journal(paths: StudyPaths) -> None:
     try:
         write_bytes(paths.optuna_journal_copy, Path(paths.optuna_journal).read_bytes())
     except OSError:  # the next trial's end, or the study's, copies it again
-        log.exception("could not copy the Optuna journal to %s", paths.optuna_journal_copy)
+        log.error(
+            "could not copy the Optuna journal to %s; the next trial's end tries again",
+            paths.optuna_journal_copy,
+        )
 
 
 def pull_journal(paths: StudyPaths) -> None:
@@ -371,6 +375,19 @@ def _check_storage(paths: StudyPaths) -> None:
             "could not save checkpoints there; pass shared storage: --storage s3://BUCKET/PREFIX "
             "(or gs://...), or a filesystem every node mounts as a file:// URI (file:///mnt/nfs/results)"
         )
+
+
+@contextlib.contextmanager
+def _ray_lifetime() -> Iterator[None]:
+    """Stop the Ray instance this command started when it ends, however it ends (a Ctrl-C in the
+    middle of Ray's start-up included): its helper processes go with the driver."""
+    started_here = not ray.is_initialized()
+    try:
+        yield
+    finally:
+        if started_here:
+            with contextlib.suppress(Exception):
+                ray.shutdown()
 
 
 def _init_ray(address: str | None, paths: StudyPaths) -> None:
@@ -423,7 +440,7 @@ def run_study(
     ``warm_start`` configurations (`study.warmstart`) are its first trials."""
     _check_fault_drill()
     paths = StudyPaths(spec.run.storage, spec.name)
-    with hold_lease(paths, "run"):  # before the name is checked: two runs of one name, one wins
+    with hold_lease(paths, "run"), _ray_lifetime():  # the lease first: two runs of one name, one wins
         if paths.exists() or tune.Tuner.can_restore(paths.experiment):
             hint = resume_hint or f"ponder-study resume {spec.name}"
             raise StudyError(
@@ -475,7 +492,7 @@ def resume_study(
         raise StudyError(f"--more must be a positive integer, got {more}")
     spec, paths = load_study_spec(name, storage)
     check_whole(paths, spec)  # read-only: a half-copied study is refused before the lease is taken
-    with hold_lease(paths, "resume"):
+    with hold_lease(paths, "resume"), _ray_lifetime():
         spec, paths = load_study_spec(name, storage)
         if more:
             if spec.search.sampler == "grid":
@@ -654,13 +671,10 @@ def _fit(
         try:
             records = _export_experiment(spec, paths)
             push_journal(paths)
-        except Exception:
+        except Exception as e:
             if not failed:
                 raise
-            log.exception(
-                "could not write the study's Parquet after the failure above; "
-                "`ponder-study export` will retry"
-            )
+            log.error("could not write the study's Parquet (%s); `ponder-study export` will retry", e)
     statuses = dict(Counter(rec.status() for rec in records))
     finished = len(records) >= spec.search.num_samples and not (
         statuses.get("running") or statuses.get("pending") or statuses.get("errored")

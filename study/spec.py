@@ -78,6 +78,7 @@ from typing import Any, Literal, NoReturn, Union, get_args, get_origin, get_type
 from ponder.config import CONFIGS, ConfigError, TaskConfig
 from ponder.tasks import eval_set_names
 from ponder.trainer import SET_LIST_METRICS, SET_METRICS, TRAIN_METRICS
+from study.storage import StorageError, expand_storage
 
 __all__ = [
     "NAME_PATTERN",
@@ -90,6 +91,7 @@ __all__ = [
     "SearchSpec",
     "SpecError",
     "StudySpec",
+    "check_name",
     "list_specs",
     "load_spec",
     "parse_spec",
@@ -104,6 +106,9 @@ SAMPLERS = ("tpe", "random", "qmc", "gp", "cmaes", "grid")
 
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 """A study name: it becomes a directory name and a Parquet partition value (``study=<name>``)."""
+MAX_NAME_LENGTH = 255 - len("study=")
+"""The longest name whose longest file-name component, ``study=<name>``, fits in 255 bytes
+(names are ASCII: a character is a byte)."""
 
 _MAX_CORNERS = 4096  # past this many corners of the space, check each dimension's ends alone
 
@@ -308,7 +313,7 @@ class StudySpec:
         ``source`` is rewritten to hold the overrides, so a resumed study runs what was started.
         """
         new_name = self.name if name is None else name
-        _check_name(new_name, "name")
+        check_name(new_name, "name")
         doc = tomllib.loads(self.source)
         changes: list[str] = []
         if num_samples is not None and num_samples != self.search.num_samples:
@@ -354,7 +359,7 @@ def load_spec(name_or_path: str) -> StudySpec:
 def parse_spec(text: str, name: str, *, origin: str | None = None) -> StudySpec:
     """Parse and check a spec's TOML text; ``name`` is the study's name, ``origin`` the file (for
     syntax errors). Raises `SpecError` at the first problem."""
-    _check_name(name, "name")
+    check_name(name, "name")
     try:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -818,16 +823,26 @@ def _positive_int(value: Any, key: str, what: str) -> int:
 def _storage(value: Any, key: str) -> str:
     if not isinstance(value, str) or not value.strip():
         _fail(key, f'must be a non-empty path or URI (storage = "results"), got {_show(value)}')
-    return value
+    try:
+        return expand_storage(value)
+    except StorageError as e:
+        _fail(key, str(e))
 
 
-def _check_name(name: Any, key: str) -> None:
+def check_name(name: Any, key: str) -> None:
+    """Refuse a study name that cannot name a folder and a Parquet partition (`SpecError`)."""
     if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name):
         _fail(
             key,
-            f"study name {name!r} must start with a letter or digit and hold only letters, digits, "
-            "'.', '_' and '-' (it names a directory and a Parquet partition); give another --name "
-            "or rename the spec file",
+            f"study name {name!r} must start with an ASCII letter or digit and hold only ASCII letters "
+            "(A-Z, a-z), digits, '.', '_' and '-' (it names a directory and a Parquet partition); "
+            "give another --name or rename the spec file",
+        )
+    if len(name) > MAX_NAME_LENGTH:
+        _fail(
+            key,
+            f"study name is {len(name)} characters long, at most {MAX_NAME_LENGTH} fit (it becomes the "
+            "folder name study=<name>, and a file name holds 255 bytes); give a shorter --name",
         )
 
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,8 +42,11 @@ import pyarrow.parquet as pq
 __all__ = [
     "CHECKPOINT_FILE",
     "JOURNAL_CACHE_ENV",
+    "StorageError",
     "StudyPaths",
+    "check_reachable",
     "create_bytes",
+    "expand_storage",
     "is_remote",
     "is_shared",
     "join",
@@ -66,6 +70,76 @@ CHECKPOINT_FILE = "trainer.pt"
 
 JOURNAL_CACHE_ENV = "PONDER_STUDY_CACHE"
 """Where a driver keeps the Optuna journals of studies on remote storage (default ~/.cache/ponder-study)."""
+
+
+class StorageError(ValueError):
+    """A storage path or URI that cannot be used; the message says why, in one line."""
+
+
+SCHEMES = ("file", "s3", "gs", "gcs", "hdfs", "abfs", "abfss")
+"""The URI schemes pyarrow's filesystems take (a plain path is this machine's disk)."""
+
+
+def expand_storage(value: str) -> str:
+    """A storage path or URI as the user meant it: ``~`` and ``$VARS`` expanded, and a URI that
+    could not work refused (an unknown or misspelt scheme, an object store without a bucket),
+    before anything starts. Nothing is reached here: see `check_reachable`."""
+    text = os.path.expandvars(os.path.expanduser(value.strip()))
+    if not text:
+        raise StorageError("the storage must not be empty")
+    scheme_like = re.match(r"^([A-Za-z][A-Za-z0-9+.-]*):", text)
+    if "://" in text:
+        scheme, rest = text.split("://", 1)
+        if scheme.lower() not in SCHEMES:
+            raise StorageError(
+                f"storage {value!r}: unknown scheme {scheme!r}; use a path, or one of {SCHEMES}"
+            )
+        if scheme.lower() == "file":
+            rest = os.path.expanduser(rest)
+            return f"file://{rest}"
+        if not rest.split("/", 1)[0]:
+            raise StorageError(f"storage {value!r} names no bucket: write {scheme}://BUCKET/PREFIX")
+        return f"{scheme.lower()}://{rest.rstrip('/')}"
+    if scheme_like and scheme_like.group(1).lower() in SCHEMES:
+        raise StorageError(
+            f"storage {value!r} looks like a URI without '//': write {scheme_like.group(1)}://BUCKET/PREFIX"
+        )
+    return text
+
+
+def check_reachable(uri: str, timeout_s: float = 10.0) -> None:
+    """Reach a remote storage's filesystem within ``timeout_s``, or raise `StorageError` saying
+    why (a scheme whose library is missing, a missing bucket, bad credentials, no network)."""
+    if not is_remote(uri):
+        return
+    import threading
+
+    outcome: list[BaseException | None] = []
+
+    def probe() -> None:
+        try:
+            fs, path = pafs.FileSystem.from_uri(uri)
+            bucket = path.split("/", 1)[0]
+            if fs.get_file_info(bucket).type == pafs.FileType.NotFound:
+                raise StorageError(f"storage {uri}: bucket {bucket!r} does not exist (or is not visible)")
+            outcome.append(None)
+        except BaseException as e:  # reported to the caller's thread
+            outcome.append(e)
+
+    thread = threading.Thread(target=probe, name="ponder-study-storage-probe", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if not outcome:
+        raise StorageError(
+            f"storage {uri}: no answer within {timeout_s:.0f} s (no network, no credentials, or a "
+            "filesystem this machine cannot reach); check the URI and your credentials"
+        )
+    error = outcome[0]
+    if isinstance(error, StorageError):
+        raise error
+    if error is not None:
+        message = " ".join(str(error).split())[:200]
+        raise StorageError(f"storage {uri}: {message}") from error
 
 
 def is_remote(uri: str) -> bool:
