@@ -1,7 +1,5 @@
-"""``python -m study`` is ``ponder-study``."""
+"""``python -m study``: the ``ponder-study`` command."""
 
-import sys
+from study.cli import entry
 
-from study.cli import main
-
-sys.exit(main())
+entry()
