@@ -1,6 +1,12 @@
 """Kill campaign: a real study, its driver SIGKILLed (the whole process group) at seeded random
 moments over its whole life, resumed after each kill; prints ``kills survived <k>/<K>`` last.
 
+With ``--signals`` the drivers are stopped as people stop them instead: Ctrl-C (SIGINT to the
+process group, once or twice), ``kill`` (SIGTERM), a closed terminal (SIGHUP); with ``run``, half
+the time within a second of Optuna's "study created" line. Each must exit 130 (0 if it had just
+finished) with no traceback and, as its last line, the command that continues the study, which
+is what the campaign runs next; it prints ``signals survived <k>/<K>``.
+
 The moments, drawn from ``--seed``: while Ray starts (or a resume restores), while trials
 train, the instant a trial's end record appears (it reached its budget, diverged, or ASHA
 stopped it), the instant Tune saves its state before a trial starts, and during the final
@@ -14,14 +20,17 @@ A study that finishes before the campaign has made its K kills is followed by an
 
     .venv/bin/python bench/kill_campaign.py                      # 30 kills, local storage
     .venv/bin/python bench/kill_campaign.py --s3 --cluster       # moto S3, 3-node local Ray cluster
+    .venv/bin/python bench/kill_campaign.py --signals --kills 20 # SIGINT, SIGTERM, SIGHUP
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
+import shlex
 import signal
 import subprocess
 import sys
@@ -46,6 +55,9 @@ from study.storage import StudyPaths, is_remote, read_table, resolve  # noqa: E4
 
 ENDED = ("completed", "early_stopped", "diverged")
 MOMENTS = ("startup", "training", "trial-end", "state-save", "final-export")
+SIGNALS = ("SIGINT", "SIGINT x2", "SIGTERM", "SIGHUP")
+CREATED = "A new study created"
+"""Optuna's line when `run` creates the study: a quarter of the signals land within 1 s of it."""
 
 
 @dataclass
@@ -71,6 +83,9 @@ class Campaign:
     address: str | None = None
     env: dict[str, str] = field(default_factory=dict)
     log_dir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="kill-campaign-")))
+    signals: bool = False
+    """Stop drivers with signals (SIGINT once or twice, SIGTERM, SIGHUP) instead of SIGKILL, check
+    each exits 130 with the command to continue as its last line, and continue with that line."""
     on_cycle: Callable[[int], None] | None = None
     """Called with the cycle number before each driver starts (the cluster variant removes a node)."""
     echo: Callable[[str], None] = print
@@ -79,8 +94,9 @@ class Campaign:
 def _driver(c: Campaign, args: list[str], log: Path) -> subprocess.Popen[bytes]:
     extra = ["--address", c.address] if c.address else []
     with log.open("wb") as out:
+        storage = [] if "--storage" in args else ["--storage", c.storage]
         return subprocess.Popen(
-            [sys.executable, "-m", "study", *args, "--storage", c.storage, *extra],
+            [sys.executable, "-m", "study", *args, *storage, *extra],
             stdout=out,
             stderr=subprocess.STDOUT,
             cwd=REPO,
@@ -118,8 +134,20 @@ def _wait(proc: subprocess.Popen[bytes], until: Callable[[], bool], timeout: flo
     return False
 
 
-def _moment_reached(c: Campaign, paths: StudyPaths, moment: str, rng: random.Random) -> Callable[[], bool]:
+def _moment_reached(
+    c: Campaign, paths: StudyPaths, moment: str, rng: random.Random, log: Path
+) -> Callable[[], bool]:
     start = time.monotonic()
+    if moment == "created":  # within a second of Optuna's "study created" line (or of the start)
+        delay = rng.uniform(0.0, 1.0)
+        seen: list[float] = []
+
+        def created() -> bool:
+            if not seen and CREATED in log.read_text(errors="replace"):
+                seen.append(time.monotonic())
+            return bool(seen) and time.monotonic() - seen[0] >= delay
+
+        return created
     if moment == "startup":
         delay = rng.uniform(0.0, 6.0)
         return lambda: time.monotonic() - start >= delay
@@ -127,8 +155,8 @@ def _moment_reached(c: Campaign, paths: StudyPaths, moment: str, rng: random.Ran
         delay = rng.uniform(6.0, 30.0)
         return lambda: time.monotonic() - start >= delay
     if moment == "trial-end":
-        seen = _end_ids(paths)
-        return lambda: bool(_end_ids(paths) - seen)
+        ended = _end_ids(paths)
+        return lambda: bool(_end_ids(paths) - ended)
     if moment == "state-save":
         before = _state_mtime(paths)
         return lambda: _state_mtime(paths) > before
@@ -143,6 +171,54 @@ def _moment_reached(c: Campaign, paths: StudyPaths, moment: str, rng: random.Ran
         return bool(reached) and time.monotonic() - reached[0] >= extra
 
     return final
+
+
+def _stop(proc: subprocess.Popen[bytes], how: str, log: Path) -> list[str]:
+    """Stop the driver as ``how`` says; the problems seen (it must exit 130, or 0 if it had
+    just finished, within two minutes, without a traceback)."""
+    if how == "SIGKILL":
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        return []
+    if how == "SIGTERM":
+        os.kill(proc.pid, signal.SIGTERM)  # `kill PID`, a job scheduler
+    else:  # Ctrl-C and a closed terminal reach the whole foreground process group
+        os.killpg(proc.pid, signal.SIGHUP if how == "SIGHUP" else signal.SIGINT)
+        if how == "SIGINT x2":
+            time.sleep(random.uniform(0.05, 1.0))
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGINT)
+    try:
+        rc = proc.wait(timeout=120)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        return [f"{how}: the driver did not stop within 120 s"]
+    with contextlib.suppress(ProcessLookupError):  # Ray's helpers must have gone with it
+        os.killpg(proc.pid, signal.SIGKILL)
+    text = log.read_text(errors="replace")
+    problems = []
+    if rc not in (0, 130):
+        problems.append(
+            f"{how}: exit {rc}, not 130: {text.strip().splitlines()[-1:] if text.strip() else ''}"
+        )
+    if "Traceback (most recent call last)" in text:
+        problems.append(f"{how}: a traceback reached the terminal ({log})")
+    return problems
+
+
+def _pasted_command(log: Path) -> list[str] | None:
+    """The command the driver's last line says to run, split as a shell would."""
+    lines = log.read_text(errors="replace").strip().splitlines()
+    if not lines:
+        return None
+    last = lines[-1]
+    for marker in ("resume it with: ", "run it again: "):
+        if marker in last:
+            return shlex.split(last.split(marker, 1)[1])
+    if lines and "Parquet:" in last:  # it had finished: the summary's last line
+        return ["ponder-study", "resume", last.split("study=", 1)[-1].split("/", 1)[0]]
+    return None
 
 
 def _read(uri: str) -> pd.DataFrame | None:
@@ -223,15 +299,21 @@ def run_campaign(c: Campaign) -> tuple[int, list[Kill]]:
             table = cycle % 2 == 1  # the progress table on for half the runs
             killing = len(kills) < c.kills
             moment = rng.choice(MOMENTS) if killing else "none"
+            how = rng.choice(SIGNALS) if c.signals else "SIGKILL"
+            if c.signals and killing and verb_args[0] == "run" and rng.random() < 0.5:
+                moment = "created"  # with `run` half the time: about a quarter of all signals
             log = c.log_dir / f"{name}-{cycle:03d}.log"
             proc = _driver(c, [*verb_args, *([] if table else ["--quiet"])], log)
             started = time.monotonic()
             poll = 0.05 if is_remote(c.storage) else 0.002
-            reached = killing and _wait(proc, _moment_reached(c, paths, moment, rng), 600, poll)
+            reached = killing and _wait(proc, _moment_reached(c, paths, moment, rng, log), 600, poll)
             if reached:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-                kill = Kill(len(kills) + 1, name, verb_args[0], table, moment, time.monotonic() - started)
+                at = time.monotonic() - started
+                kill = Kill(len(kills) + 1, name, verb_args[0], table, f"{moment}, {how}", at)
+                kill.problems += _stop(proc, how, log)
+                pasted = _pasted_command(log) if c.signals and not kill.problems else None
+                if c.signals and not kill.problems and (pasted is None or pasted[0] != "ponder-study"):
+                    kill.problems.append("its last line is not a command to continue")
                 kill.problems += _snapshot(paths, seen)
                 kills.append(kill)
                 study_kills.append(kill)
@@ -240,7 +322,9 @@ def run_campaign(c: Campaign) -> tuple[int, list[Kill]]:
                     f"at {kill.moment}, {kill.at_s:.1f} s"
                     + (f": {'; '.join(kill.problems)}" if kill.problems else "")
                 )
-                if paths.exists():  # killed before `run` saved the spec: the user runs it again
+                if pasted is not None and pasted[1:2] == ["resume"]:
+                    verb_args = pasted[1:]  # what the driver said to run, as a shell splits it
+                elif paths.exists() and verb_args[0] == "run":  # before the spec: the user runs it again
                     verb_args = ["resume", name]
                 continue
             rc = proc.wait(timeout=900)
@@ -302,6 +386,11 @@ def main() -> None:
     p.add_argument("--storage", help="a local directory (default: a new temporary one)")
     p.add_argument("--s3", action="store_true", help="storage on S3 (moto's server on loopback)")
     p.add_argument("--cluster", action="store_true", help="a 3-node local Ray cluster; one worker removed")
+    p.add_argument(
+        "--signals",
+        action="store_true",
+        help="stop drivers with SIGINT (once or twice), SIGTERM and SIGHUP instead of SIGKILL",
+    )
     args = p.parse_args()
     c = Campaign(
         storage=args.storage or tempfile.mkdtemp(prefix="kill-campaign-storage-"),
@@ -309,6 +398,7 @@ def main() -> None:
         seed=args.seed,
         spec=args.spec,
         num_samples=args.num_samples,
+        signals=args.signals,
     )
     server = _moto(c) if args.s3 else None
     cluster = None
@@ -344,9 +434,9 @@ def main() -> None:
             cluster.shutdown()
         if server is not None:
             server.stop()
-    moments = {m: sum(1 for k in kills if k.moment == m) for m in MOMENTS}
+    moments = {m: sum(1 for k in kills if k.moment.startswith(m)) for m in (*MOMENTS, "created")}
     c.echo(f"moments: {json.dumps(moments)}; {time.monotonic() - t0:.0f} s")
-    print(f"kills survived {survived}/{len(kills)}")
+    print(f"{'signals' if args.signals else 'kills'} survived {survived}/{len(kills)}")
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 """``python -m study``: the ``ponder-study`` command."""
 
-from study.cli import entry
+from study.launch import main
 
-entry()
+main()

@@ -8,6 +8,7 @@ the study was stopped by a signal (Ctrl-C, SIGTERM, SIGHUP) and can be resumed.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shlex
 import signal
@@ -300,7 +301,12 @@ def entry() -> NoReturn:
     import atexit
     import logging
 
-    atexit._run_exitfuncs()
+    # a second Ctrl-C here (Ray shutting down) must not turn a clean stop into a traceback
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)
+    with contextlib.suppress(Exception):
+        atexit._run_exitfuncs()
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()

@@ -44,6 +44,7 @@ from study.search import (
     make_searcher,
     optuna_storage,
     param_space,
+    repair_journal,
 )
 from study.spec import StudySpec, parse_spec
 from study.storage import (
@@ -377,6 +378,22 @@ def _check_storage(paths: StudyPaths) -> None:
         )
 
 
+def _stop_handlers() -> dict[int, Any]:
+    import signal
+
+    return {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGHUP)}
+
+
+def _restore_stop_handlers(handlers: dict[int, Any]) -> None:
+    """``ray.init`` replaces SIGTERM's handler with one that exits 15 at once (no state saved):
+    put back the command's, which stops the study as Ctrl-C does."""
+    import signal
+
+    for sig, handler in handlers.items():
+        if handler is not None:
+            signal.signal(sig, handler)
+
+
 @contextlib.contextmanager
 def _ray_lifetime() -> Iterator[None]:
     """Stop the Ray instance this command started when it ends, however it ends (a Ctrl-C in the
@@ -401,7 +418,9 @@ def _init_ray(address: str | None, paths: StudyPaths) -> None:
         # `ray start` last started on this machine; --address auto asks for that explicitly
         address = "local"
     try:  # Ray's start-up notices (token auth, ...) at ERROR: a refusal stays one line on stderr
+        handlers = _stop_handlers()
         ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR)
+        _restore_stop_handlers(handlers)
         logging.getLogger("ray").setLevel(logging.WARNING)  # then Tune's warnings as before
     except (ValueError, ConnectionError, RuntimeError, TimeoutError) as e:
         where = os.environ.get("RAY_ADDRESS") if address is None else address
@@ -511,12 +530,12 @@ EXPERIMENT_STATE_GLOB = "experiment_state-*.json"
 
 def _restorable(paths: StudyPaths) -> bool:
     """Whether Tune has a state to restore the study from; False if the driver was stopped before
-    Tune saved one (the study then starts its Tune experiment afresh, its Optuna study kept).
+    Tune saved one (the study then goes on in a new Tune experiment, its Optuna study and its
+    ended trials' records kept: `_fit` asks Tune only for the trials still to run).
 
-    Tune overwrites its state file in place, so a kill can leave it torn; Tune would then
-    "restart the experiment" over the study. A torn newest file is set aside (renamed
-    ``*.torn``) for an older one; with none left, and trials already ended, the resume stops:
-    a fresh experiment would ask Optuna for trials the study has."""
+    Tune overwrites its state file in place, so a kill or a full disk can leave it torn; Tune
+    would then "restart the experiment" over the study. A torn newest file is set aside
+    (renamed ``*.torn``) for an older one."""
     fs, directory = resolve(paths.experiment)
     selector = pafs.FileSelector(directory, allow_not_found=True)
     states = sorted(
@@ -538,10 +557,10 @@ def _restorable(paths: StudyPaths) -> bool:
         except ValueError:
             log.warning("Tune's state file %s is torn (killed while written): using an older one", state)
             fs.move(state, state + ".torn")
-    if read_end_records(paths):
-        raise StudyError(
-            f"study {paths.name!r}: Tune's saved state under {paths.experiment} is missing or unreadable, "
-            "but trials have ended; run `ponder-study export` to keep what they left in the Parquet"
+    if states and read_end_records(paths):
+        log.warning(
+            "Tune's only saved state was torn: the study goes on in a new Tune experiment, its ended "
+            "trials kept from their records"
         )
     return False
 
@@ -607,6 +626,60 @@ def _replay(controller: Any, trials: list[Trial], spec: StudySpec, paths: StudyP
         search_alg._counter += len(missing)
 
 
+FULL_RECORD = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+class _TracebacksToFile(logging.Filter):
+    """Ray's and Tune's log records reach the terminal as their first line; the whole record,
+    traceback included, goes to a log file (a failed trial's traceback is also in its error.txt)."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__()
+        self.path = path
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        if not record.exc_info and "\n" not in text.strip():
+            return True
+        with contextlib.suppress(OSError):
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with self.path.open("a") as f:
+                f.write(
+                    logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s").format(record) + "\n"
+                )
+        first = text.strip().splitlines()[0] if text.strip() else record.levelname
+        record.msg, record.args, record.exc_info, record.exc_text = (
+            f"{first} (details in {self.path})",
+            None,
+            None,
+            None,
+        )
+        return True
+
+
+def _log_dir(paths: StudyPaths) -> Path:
+    if is_shared(paths.root) and "://" in paths.root and not paths.root.startswith("file://"):
+        return Path(paths.optuna_journal).parent / "logs"
+    return Path(resolve(paths.study_dir)[1]) / "logs"
+
+
+@contextlib.contextmanager
+def _one_line_logs(paths: StudyPaths) -> Iterator[None]:
+    """Keep tracebacks Ray and Tune log off the terminal for the length of a study."""
+    from datetime import UTC, datetime
+
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    keep = _TracebacksToFile(_log_dir(paths) / f"tune-{stamp}-{os.getpid()}.log")
+    handlers = [*logging.getLogger("ray").handlers, *logging.getLogger().handlers]
+    for h in handlers:
+        h.addFilter(keep)
+    try:
+        yield
+    finally:
+        for h in handlers:
+            h.removeFilter(keep)
+
+
 @contextlib.contextmanager
 def _replaying_records(spec: StudySpec, paths: StudyPaths) -> Iterator[None]:
     """Run `_replay` inside Tune's restore, between loading the saved trials and queueing them.
@@ -639,6 +712,8 @@ def _fit(
 ) -> StudyOutcome:
     _init_ray(address, paths)
     pull_journal(paths)
+    if repair_journal(paths.optuna_journal):
+        log.warning("the Optuna journal ended in a torn write (a full disk, a kill); it was cut back")
     # A restored trial that had already ended returns without reporting (nothing runs twice);
     # Tune's strict check would take its empty final result for a missing metric. Every report
     # the trainable does make carries the objective (`tune_metrics`), so the check adds nothing.
@@ -647,23 +722,27 @@ def _fit(
     # of the default output's per-trial config and result dumps
     os.environ["RAY_AIR_NEW_OUTPUT"] = "0"
     trainable = _trainable(spec, paths)
+    # trials that ended in an experiment whose saved state was lost are not asked for again
+    still_to_run = spec.search.num_samples - (0 if restore else len(read_end_records(paths)))
+    tuner: tune.Tuner | None = None
     if restore:
         tuner = tune.Tuner.restore(paths.experiment, trainable, resume_unfinished=True, resume_errored=True)
-    else:
+    elif still_to_run > 0:
         tuner = tune.Tuner(
             trainable,
             param_space=_space(spec),
             tune_config=tune.TuneConfig(
                 search_alg=make_searcher(spec, paths, warm_start),
                 scheduler=make_scheduler(spec, paths),
-                num_samples=spec.search.num_samples,
+                num_samples=still_to_run,
             ),
             run_config=_run_config(spec, paths, verbose),
         )
     failed = False
     try:
-        with _replaying_records(spec, paths):
-            tuner.fit()  # the Parquet written by the callback is the result
+        if tuner is not None:
+            with _replaying_records(spec, paths), _one_line_logs(paths):
+                tuner.fit()  # the Parquet written by the callback is the result
     except BaseException:
         failed = True
         raise

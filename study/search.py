@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -13,7 +15,7 @@ from ray.tune.search import ConcurrencyLimiter
 from ray.tune.search.optuna import OptunaSearch
 
 from study.parquet import parse_result_lines
-from study.records import EndRecord
+from study.records import EndRecord, read_end_records
 from study.scheduler import PersistentASHA, SnapshotBeforeStart
 from study.spec import Dimension, StudySpec
 from study.storage import StudyPaths, read_bytes, trial_reports
@@ -25,6 +27,7 @@ __all__ = [
     "make_searcher",
     "optuna_storage",
     "param_space",
+    "repair_journal",
     "tpe_startup_trials",
 ]
 
@@ -79,7 +82,9 @@ class DivergenceAwareOptunaSearch(OptunaSearch):
     when Tune restores it.
 
     A diverged trial ends normally in Tune (it is not an error to retry) and reports a finite
-    objective; without this, Optuna would record that stand-in value as a real result.
+    objective; without this, Optuna would record that stand-in value as a real result. An errored
+    trial is the opposite: ``resume`` retries it, so its Optuna trial stays RUNNING until it ends
+    (Ray's OptunaSearch would fail it, and a retry that succeeded could never be told).
 
     A restored trial that had already ended returns at once without a report. Tune records an
     ASHA stop (``asha.json``) just before it tells the searcher; a driver killed in between would
@@ -112,9 +117,8 @@ class DivergenceAwareOptunaSearch(OptunaSearch):
         experiment on its existing journal: the trials asked then, still RUNNING, are orphans."""
         super()._setup_study(mode)
         if self._ot_study is not None:
-            mine = {t.number for t in self._ot_trials.values()}
-            running = self._ot_study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
-            self._orphans = [t.number for t in running if t.number not in mine]
+            self._orphans = []
+            self.replay(read_end_records(self._paths), known=set(self._ot_trials))
             for point in self._warm_start:  # a warm start's configurations go first, once
                 self._ot_study.enqueue_trial(point, skip_if_exists=True)
 
@@ -204,6 +208,8 @@ class DivergenceAwareOptunaSearch(OptunaSearch):
         self._ready()
         if self._told(trial_id):
             return
+        if error:  # Tune gave up on it for now; `resume` retries errored trials, so Optuna waits
+            return  # (a trial still RUNNING when the study finishes is failed then)
         data = read_bytes(trial_reports(self._paths.reports_dir, trial_id))
         saved = parse_result_lines(data.decode()) if data is not None else []
         if saved and not error:  # saved only once the trial ended: its last report is its end
@@ -211,6 +217,37 @@ class DivergenceAwareOptunaSearch(OptunaSearch):
         if result is not None and result.get("outcome") == "diverged":
             result, error = None, True
         super().on_trial_complete(trial_id, result, error)
+
+
+def repair_journal(journal: str) -> int:
+    """Cut a journal back to its last whole operation; returns the bytes removed (0 if whole).
+
+    Optuna appends one JSON line per operation. A driver stopped by a full disk (or killed in
+    the middle of a write) leaves a torn last line, and every later read fails on it once
+    anything follows. The torn operation never took effect, so cutting it is safe; the study's
+    records replay what it was (`DivergenceAwareOptunaSearch.replay`). The cut bytes are kept
+    beside the journal (``optuna.journal.torn``)."""
+    path = Path(journal)
+    if not path.exists():
+        return 0
+    data = path.read_bytes()
+    good = 0
+    for line in data.splitlines(keepends=True):
+        if not line.endswith(b"\n"):
+            break
+        try:
+            json.loads(line)
+        except ValueError:
+            break
+        good += len(line)
+    if good == len(data):
+        return 0
+    path.with_name(path.name + ".torn").write_bytes(data[good:])
+    with path.open("r+b") as f:
+        f.truncate(good)
+        f.flush()
+        os.fsync(f.fileno())
+    return len(data) - good
 
 
 def optuna_storage(paths: StudyPaths) -> optuna.storages.JournalStorage:

@@ -1,0 +1,193 @@
+"""Issue 19: however a driver stops, one true line the user can paste; whatever the command line
+says is checked before Ray starts."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from study.spec import MAX_NAME_LENGTH, load_spec
+from study.storage import StorageError, expand_storage
+from tests.study.conftest import CLI, REPO, S3, cli, trials
+
+ENDED = ["completed", "early_stopped", "diverged"]
+
+
+def _one_line(done: subprocess.CompletedProcess[str], code: int = 2) -> str:
+    assert done.returncode == code, done.stdout[-2000:] + done.stderr[-2000:]
+    assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr, done.stderr
+    return done.stderr
+
+
+# -- names and storage paths, checked before Ray starts ----------------------------------------
+def test_a_name_too_long_for_a_file_name_is_refused_before_anything(tmp_path: Path) -> None:
+    long = "n" * (MAX_NAME_LENGTH + 1)
+    started = time.monotonic()
+    err = _one_line(cli("run", "parity-smoke", "--name", long, "--storage", str(tmp_path)))
+    assert time.monotonic() - started < 30  # no Ray start-up
+    assert f"at most {MAX_NAME_LENGTH}" in err
+    assert list(tmp_path.iterdir()) == []
+    assert len(f"study={'n' * MAX_NAME_LENGTH}".encode()) == 255
+
+
+@pytest.mark.parametrize("name", ["café", "a b", ".x", "x/y"])
+def test_a_name_with_other_characters_is_refused_truthfully(tmp_path: Path, name: str) -> None:
+    err = _one_line(cli("status", name, "--storage", str(tmp_path)))
+    assert "ASCII letters" in err
+
+
+def test_storage_paths_expand_home_and_variables(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("PONDER_TEST_ROOT", str(tmp_path / "v"))
+    assert expand_storage("~/tstore") == str(tmp_path / "tstore")
+    assert expand_storage("$PONDER_TEST_ROOT/x") == str(tmp_path / "v" / "x")
+    assert expand_storage("file://~/nfs") == f"file://{tmp_path}/nfs"
+    spec = tmp_path / "s.toml"
+    source = (REPO / "study" / "specs" / "parity-smoke.toml").read_text()
+    spec.write_text(source.replace('storage = "results"', 'storage = "~/specstore"'))
+    assert load_spec(str(spec)).run.storage == str(tmp_path / "specstore")
+
+
+@pytest.mark.parametrize(
+    ("uri", "says"),
+    [
+        ("s3://", "names no bucket"),
+        ("s3:///x", "names no bucket"),
+        ("s3:/x", "without '//'"),
+        ("ftp://h/x", "unknown scheme"),
+    ],
+)
+def test_a_malformed_storage_uri_is_refused(uri: str, says: str) -> None:
+    with pytest.raises(StorageError, match=says):
+        expand_storage(uri)
+    err = _one_line(cli("status", "x", "--storage", uri))
+    assert says in err
+
+
+def test_a_tilde_storage_lands_in_home_not_in_a_folder_named_tilde(tmp_path: Path) -> None:
+    home, cwd = tmp_path / "home", tmp_path / "cwd"
+    home.mkdir(), cwd.mkdir()
+    env = {**os.environ, "HOME": str(home)}
+    done = subprocess.run(
+        [*CLI, "run", "parity-smoke", "--num-samples", "1", "--storage", "~/tstore", "--quiet"],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env=env,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert len(trials(home / "tstore", "parity-smoke")) == 1
+    assert list(cwd.iterdir()) == []
+
+
+@pytest.mark.slow
+def test_object_storage_errors_are_one_line_within_seconds(s3: S3) -> None:
+    started = time.monotonic()
+    err = _one_line(cli("status", "x", "--storage", "gs://no-such-bucket/x", timeout=60))
+    assert time.monotonic() - started < 15, "gs:// must be refused within 10 s"
+    assert "gs://no-such-bucket" in err
+    err = _one_line(cli("run", "parity-smoke", "--storage", "s3://no-such-bucket-here/x", timeout=60))
+    assert "does not exist" in err
+
+
+# -- evaluate, report, help --------------------------------------------------------------------
+@pytest.mark.parametrize("device", ["cuda", "cuda:7", "gpu", "mps", "", "meta"])
+def test_evaluate_checks_the_device_before_the_checkpoint(smoke: tuple[Path, object], device: str) -> None:
+    storage, _ = smoke
+    err = _one_line(cli("evaluate", "parity-smoke", "--storage", str(storage), "--device", device))
+    assert "checkpoint" not in err, err  # a healthy checkpoint is not blamed
+    if device.startswith("cuda"):
+        assert "CUDA is not available on this machine" in err
+
+
+def test_evaluate_of_an_unknown_trial_never_aborts(smoke: tuple[Path, object]) -> None:
+    """Torch and pyarrow in one process aborted at exit ("terminate called without an active
+    exception", exit 134) once in three runs under load: 50 runs, three at a time."""
+    storage, _ = smoke
+    args = ("evaluate", "parity-smoke", "--trial", "nope", "--storage", str(storage))
+    with ThreadPoolExecutor(3) as pool:
+        runs = list(pool.map(lambda _: cli(*args), range(50)))
+    codes = [r.returncode for r in runs]
+    assert codes == [2] * 50, (codes, {r.stderr for r in runs if r.returncode != 2})
+    assert all("terminate called" not in r.stderr for r in runs)
+
+
+def test_report_out_an_existing_file_is_refused_as_such(smoke: tuple[Path, object], tmp_path: Path) -> None:
+    storage, _ = smoke
+    out = tmp_path / "taken"
+    out.write_text("x")
+    err = _one_line(cli("report", "parity-smoke", "--storage", str(storage), "--out", str(out)))
+    assert "--out" in err and "is a file" in err
+
+
+@pytest.mark.parametrize("verb", ["status", "resume", "export", "report", "evaluate"])
+def test_help_says_where_the_storage_falls_back_to(verb: str) -> None:
+    done = cli(verb, "--help")
+    text = " ".join(done.stdout.split())
+    assert "spec's [run] storage" not in text
+    assert "results (the spec is not read)" in text
+
+
+def test_run_help_names_the_specs_storage() -> None:
+    assert "spec's [run] storage" in " ".join(cli("run", "--help").stdout.split())
+
+
+# -- hints that work when pasted ------------------------------------------------------------------
+def _paste(line: str, marker: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """Run the command a line gives after ``marker`` in bash, as a user pasting it would."""
+    rest = line.split(marker, 1)[1].strip()
+    command = rest.split("`")[1] if rest.startswith("`") else rest  # `quoted`, or the rest of the line
+    assert command.startswith("ponder-study "), command
+    bin_dir = Path(sys.executable).parent
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    return subprocess.run(
+        ["bash", "-c", command], capture_output=True, text=True, cwd=cwd, env=env, timeout=300
+    )
+
+
+@pytest.mark.slow
+def test_the_hints_paste_into_a_shell_with_a_storage_with_spaces(tmp_path: Path) -> None:
+    storage = tmp_path / "my studies"
+    first = cli("run", "parity-smoke", "--num-samples", "1", "--storage", str(storage), "--quiet")
+    assert first.returncode == 0, first.stderr[-3000:]
+    again = cli("run", "parity-smoke", "--num-samples", "1", "--storage", str(storage))
+    err = _one_line(again)
+    assert shlex.quote(str(storage)) in err
+    pasted = _paste(err, "resume it with ", tmp_path)
+    assert pasted.returncode == 0, pasted.stderr[-3000:]
+    assert len(trials(storage, "parity-smoke")) == 1
+
+
+@pytest.mark.slow
+def test_errored_trials_exit_1_with_the_command_that_retries_them(tmp_path: Path) -> None:
+    """Every trial fails once (the fault drill) and the spec allows no retry: the study ends with
+    errored trials, exits 1 and names the resume that retries them, which finishes it."""
+    spec = tmp_path / "fragile.toml"
+    source = (REPO / "study" / "specs" / "parity-smoke.toml").read_text()
+    spec.write_text(source.replace("max_failures = 2", "max_failures = 0"))
+    storage = tmp_path / "st"
+    env = {**os.environ, "PONDER_STUDY_FAULT": "raise@20"}
+    done = subprocess.run(
+        [*CLI, "run", str(spec), "--num-samples", "2", "--storage", str(storage), "--quiet"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=env,
+        timeout=300,
+    )
+    assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
+    last = done.stderr.strip().splitlines()[-1]
+    assert "errored" in last and "resume it with: " in last, last
+    assert (trials(storage, "fragile")["status"] == "errored").any()
+    pasted = _paste(last, "resume it with: ", tmp_path)
+    assert pasted.returncode == 0, pasted.stdout[-2000:] + pasted.stderr[-2000:]
+    t = trials(storage, "fragile")
+    assert len(t) == 2 and t["status"].isin(ENDED).all(), t[["trial_id", "status"]]
