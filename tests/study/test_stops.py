@@ -191,3 +191,49 @@ def test_errored_trials_exit_1_with_the_command_that_retries_them(tmp_path: Path
     assert pasted.returncode == 0, pasted.stdout[-2000:] + pasted.stderr[-2000:]
     t = trials(storage, "fragile")
     assert len(t) == 2 and t["status"].isin(ENDED).all(), t[["trial_id", "status"]]
+
+
+# -- a full disk -----------------------------------------------------------------------------------
+def _mount_tmpfs(where: Path, size: str) -> bool:
+    where.mkdir(parents=True, exist_ok=True)
+    if os.geteuid() != 0:
+        return False
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)], capture_output=True
+    )
+    return done.returncode == 0
+
+
+@pytest.mark.slow
+def test_a_full_disk_stops_in_one_line_and_resume_finishes_after_space_is_freed(tmp_path: Path) -> None:
+    """A 400 KB storage fills mid-study: one line naming it, exit 1, the resume command last; the
+    Optuna journal or Tune's state may be torn. After the disk grows, that command finishes the
+    study: every trial final, one Optuna trial each, nothing RUNNING."""
+    disk = tmp_path / "disk"
+    if not _mount_tmpfs(disk, "400k"):
+        pytest.skip("needs root to mount a size-limited tmpfs")
+    try:
+        storage = disk / "st"
+        done = cli("run", "parity-smoke", "--storage", str(storage))  # the progress table on
+        assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
+        last = done.stderr.strip().splitlines()[-1]
+        assert "no space left on the device" in last and "resume it with: " in last, last
+        assert "Traceback" not in done.stdout + done.stderr
+        subprocess.run(["mount", "-o", "remount,size=50m", str(disk)], check=True)
+        pasted = _paste(last, "resume it with: ", tmp_path)
+        assert pasted.returncode == 0, pasted.stdout[-2000:] + pasted.stderr[-3000:]
+        t = trials(storage, "parity-smoke")
+        assert len(t) == 6 and t["status"].isin(ENDED).all(), t[["trial_id", "status"]]
+        import optuna
+
+        from study.search import TUNE_ID_ATTR, optuna_storage
+        from study.storage import StudyPaths
+
+        study = optuna.load_study(
+            study_name="parity-smoke", storage=optuna_storage(StudyPaths(str(storage), "parity-smoke"))
+        )
+        finished = [x for x in study.trials if x.state.is_finished()]
+        assert not [x for x in study.trials if x.state == optuna.trial.TrialState.RUNNING]
+        assert sorted(x.user_attrs[TUNE_ID_ATTR] for x in finished) == sorted(t["trial_id"])
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], capture_output=True)
