@@ -2,10 +2,10 @@
 moments over its whole life, resumed after each kill; prints ``kills survived <k>/<K>`` last.
 
 With ``--signals`` the drivers are stopped as people stop them instead: Ctrl-C (SIGINT to the
-process group, once or twice), ``kill`` (SIGTERM), a closed terminal (SIGHUP); with ``run``, half
-the time within a second of Optuna's "study created" line. Each must exit 130 (0 if it had just
-finished) with no traceback and, as its last line, the command that continues the study, which
-is what the campaign runs next; it prints ``signals survived <k>/<K>``.
+process group, once or twice), ``kill`` (SIGTERM), a closed terminal (SIGHUP); every fourth
+signal within a second of a new study's creation (Optuna's "study created" line). Each must
+exit 130 (0 if it had just finished) with no traceback and, as its last line, the command that
+continues the study, which is what the campaign runs next; it prints ``signals survived <k>/<K>``.
 
 The moments, drawn from ``--seed``: while Ray starts (or a resume restores), while trials
 train, the instant a trial's end record appears (it reached its budget, diverged, or ASHA
@@ -298,10 +298,12 @@ def run_campaign(c: Campaign) -> tuple[int, list[Kill]]:
                 c.on_cycle(cycle)
             table = cycle % 2 == 1  # the progress table on for half the runs
             killing = len(kills) < c.kills
+            if c.signals and study_kills and len(kills) % 4 == 0:
+                killing = False  # let this study finish: every 4th signal meets a new study's `run`
             moment = rng.choice(MOMENTS) if killing else "none"
             how = rng.choice(SIGNALS) if c.signals else "SIGKILL"
-            if c.signals and killing and verb_args[0] == "run" and rng.random() < 0.5:
-                moment = "created"  # with `run` half the time: about a quarter of all signals
+            if c.signals and killing and verb_args[0] == "run" and not study_kills:
+                moment = "created"  # a quarter of all signals: within 1 s of the study's creation
             log = c.log_dir / f"{name}-{cycle:03d}.log"
             proc = _driver(c, [*verb_args, *([] if table else ["--quiet"])], log)
             started = time.monotonic()
