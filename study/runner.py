@@ -19,6 +19,7 @@ import copy
 import json
 import logging
 import os
+import signal
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -379,16 +380,12 @@ def _check_storage(paths: StudyPaths) -> None:
 
 
 def _stop_handlers() -> dict[int, Any]:
-    import signal
-
     return {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGHUP)}
 
 
 def _restore_stop_handlers(handlers: dict[int, Any]) -> None:
     """``ray.init`` replaces SIGTERM's handler with one that exits 15 at once (no state saved):
     put back the command's, which stops the study as Ctrl-C does."""
-    import signal
-
     for sig, handler in handlers.items():
         if handler is not None:
             signal.signal(sig, handler)
@@ -419,8 +416,16 @@ def _init_ray(address: str | None, paths: StudyPaths) -> None:
         address = "local"
     try:  # Ray's start-up notices (token auth, ...) at ERROR: a refusal stays one line on stderr
         handlers = _stop_handlers()
-        ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR)
-        _restore_stop_handlers(handlers)
+        # Ray's local processes (GCS, raylet) start in the driver's process group: a closed
+        # terminal's SIGHUP would kill them before the driver could save the study. They inherit
+        # an ignored SIGHUP; the driver's own handler is put back below.
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        try:
+            ray.init(
+                address=address, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR
+            )
+        finally:
+            _restore_stop_handlers(handlers)
         logging.getLogger("ray").setLevel(logging.WARNING)  # then Tune's warnings as before
     except (ValueError, ConnectionError, RuntimeError, TimeoutError) as e:
         where = os.environ.get("RAY_ADDRESS") if address is None else address
