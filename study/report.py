@@ -42,7 +42,7 @@ from ponder.config import CONFIGS
 from ponder.halting import PriorTail, log_geometric_prior
 from study.parquet import pareto_marks, ranked_trials
 from study.spec import NAME_PATTERN, SpecError, StudySpec, parse_spec
-from study.storage import StudyPaths, is_remote, read_bytes, read_json, read_table
+from study.storage import StudyPaths, is_remote, join, read_bytes, read_json, read_table, write_bytes
 
 __all__ = [
     "PLOTS",
@@ -137,28 +137,29 @@ class _Study:
 def write_report(name: str, storage: str = "results", out: str | None = None) -> Report:
     """Write the report of study ``name`` under ``storage`` into ``out`` and return where.
 
-    ``out`` defaults to ``<storage>/reports/<name>`` for a local storage and to the local
-    ``results/reports/<name>`` for a remote one (a report is for reading on this machine).
-    An older report in the same directory is overwritten file by file, each file replaced whole.
+    ``out`` defaults to ``<storage>/reports/<name>``, on an object store too (the report
+    travels with the study; ``--out DIR`` puts it on this machine instead). An older report in
+    the same directory is overwritten file by file, each file replaced whole.
     Raises `ReportError` when there is no such study or it has no trials Parquet yet.
     """
     study = _load(name, storage)
     if out is None:
-        root = "results" if is_remote(storage) else storage.removeprefix("file://")
-        out = os.path.join(root, "reports", name)
-    os.makedirs(out, exist_ok=True)
+        out = join(storage, "reports", name)
+    if not is_remote(out):
+        out = out.removeprefix("file://")
+        os.makedirs(out, exist_ok=True)
     plots: dict[str, str] = {}
     missing: dict[str, str] = {}
     for key in PLOTS:
         fig, why = _draw(key, study)
         buffer = io.BytesIO()
         fig.savefig(buffer, format="png", dpi=_DPI)
-        path = os.path.join(out, f"{key}.png")
+        path = join(out, f"{key}.png")
         _write(path, buffer.getvalue())
         plots[key] = path
         if why is not None:
             missing[key] = why
-    index = os.path.join(out, "index.html")
+    index = join(out, "index.html")
     _write(index, _index_html(study, missing).encode())
     return Report(directory=out, index=index, plots=plots)
 
@@ -792,6 +793,9 @@ def _top_table(study: _Study, ranked: pd.DataFrame) -> str:
 
 def _write(path: str, data: bytes) -> None:
     """Replace ``path`` whole: a reader (or a browser refreshing the page) never sees half a file."""
+    if is_remote(path):
+        write_bytes(path, data)  # one PUT
+        return
     tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.{os.getpid()}.tmp")
     try:
         with open(tmp, "wb") as f:

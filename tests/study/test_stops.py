@@ -237,3 +237,22 @@ def test_a_full_disk_stops_in_one_line_and_resume_finishes_after_space_is_freed(
         assert sorted(x.user_attrs[TUNE_ID_ATTR] for x in finished) == sorted(t["trial_id"])
     finally:
         subprocess.run(["umount", "-l", str(disk)], capture_output=True)
+
+
+@pytest.mark.slow
+def test_a_report_of_an_s3_study_lands_in_the_study_storage(
+    smoke: tuple[Path, object], s3: S3, tmp_path: Path
+) -> None:
+    """`report --help` says <storage>/reports/<name>; on S3 it wrote under the working directory."""
+    storage, _ = smoke
+    root = s3.bucket()
+    for path in storage.rglob("*"):
+        rel = path.relative_to(storage)
+        if path.is_file() and rel.parts[0] in ("studies", "trials", "history"):
+            with s3.fs().open_output_stream(f"{root.removeprefix('s3://')}/{rel}") as f:
+                f.write(path.read_bytes())
+    done = cli("report", "parity-smoke", "--storage", root, cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    written = s3.files(f"{root}/reports/parity-smoke")
+    assert any(p.endswith("/index.html") for p in written) and sum(p.endswith(".png") for p in written) == 6
+    assert list(tmp_path.iterdir()) == []
