@@ -8,6 +8,7 @@ import shlex
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -15,7 +16,7 @@ import pytest
 
 from study.spec import MAX_NAME_LENGTH, load_spec
 from study.storage import StorageError, expand_storage
-from tests.study.conftest import CLI, REPO, S3, cli, trials
+from tests.study.conftest import CLI, REPO, S3, Driver, cli, trials
 
 ENDED = ["completed", "early_stopped", "diverged"]
 
@@ -256,3 +257,26 @@ def test_a_report_of_an_s3_study_lands_in_the_study_storage(
     written = s3.files(f"{root}/reports/parity-smoke")
     assert any(p.endswith("/index.html") for p in written) and sum(p.endswith(".png") for p in written) == 6
     assert list(tmp_path.iterdir()) == []
+
+
+def _group_alive(pgid: int) -> list[str]:
+    out = subprocess.run(["ps", "-eo", "pgid=,args="], capture_output=True, text=True).stdout
+    return [line for line in out.splitlines() if line.split(None, 1)[0] == str(pgid)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("delay", [3.0, 8.0], ids=["ray-starting", "trials-starting"])
+def test_ctrl_c_early_exits_130_with_the_hint_and_rays_processes_go_with_it(
+    driver: Callable[..., Driver], tmp_path: Path, delay: float
+) -> None:
+    d = driver("run", "parity-smoke", "--storage", str(tmp_path))
+    time.sleep(delay)
+    assert d.interrupt() == 130, d.output()[-3000:]
+    text = d.output()
+    assert "Traceback" not in text, text[-3000:]
+    last = text.strip().splitlines()[-1]
+    assert "ponder-study" in last and ("resume it with: " in last or "run it again: " in last), last
+    deadline = time.monotonic() + 15
+    while _group_alive(d.proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not _group_alive(d.proc.pid), _group_alive(d.proc.pid)
