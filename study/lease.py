@@ -126,7 +126,7 @@ def _hold_local(paths: StudyPaths, lease: Lease) -> Iterator[None]:
 
     lease_file = Path(resolve(paths.lease)[1])
     study_dir = lease_file.parent
-    created_dir = not study_dir.exists()
+    created = [d for d in (study_dir, *study_dir.parents) if not d.exists()]  # deepest first
     study_dir.mkdir(parents=True, exist_ok=True)
     lock_file = lease_file.with_suffix(".lock")
     lock: BinaryIO = lock_file.open("ab")  # O_CLOEXEC: Ray's processes never inherit it
@@ -143,11 +143,11 @@ def _hold_local(paths: StudyPaths, lease: Lease) -> Iterator[None]:
             yield
         finally:
             Path(lease_file).unlink(missing_ok=True)
-            if created_dir and not (study_dir / "spec.toml").exists():
+            if created and not (study_dir / "spec.toml").exists():
                 lock_file.unlink(missing_ok=True)  # a run refused before it wrote anything
                 with contextlib.suppress(OSError):
-                    study_dir.rmdir()
-                    study_dir.parent.rmdir()
+                    for d in created:  # leaves nothing it made: not even the storage root
+                        d.rmdir()
     finally:
         lock.close()
 
