@@ -514,9 +514,10 @@ def resume_study(
     _check_fault_drill()
     if more < 0:
         raise StudyError(f"--more must be a positive integer, got {more}")
-    spec, paths = load_study_spec(name, storage)
-    check_whole(paths, spec)  # read-only: a half-copied study is refused before the lease is taken
-    with hold_lease(paths, "resume"), _ray_lifetime():
+    paths = StudyPaths(storage, name)
+    if paths.exists():  # read-only: a half-copied study is refused before the lease is taken
+        check_whole(paths, load_study_spec(name, storage)[0])
+    with hold_lease(paths, "resume"), _ray_lifetime():  # a `run` still starting has no spec yet
         spec, paths = load_study_spec(name, storage)
         if more:
             if spec.search.sampler == "grid":
