@@ -6,10 +6,14 @@ The path of a study, one module a step:
 - `study.search`: the spec as Tune's param space, Optuna (journal on disk) and ASHA;
 - `study.scheduler`: `PersistentASHA`, whose rungs survive a resume;
 - `study.trainable`: `train_trial`, one `ponder.Trainer` run reported to Tune, NaN-safe;
-- `study.runner`: `run_study`, `resume_study`, `export` and the Parquet callback;
-- `study.parquet`: the Parquet contract (schema version 1);
+- `study.runner`: `run_study`, `resume_study`, `export` and the Parquet callback; on restore
+  it replays the study's records into Tune, Optuna and ASHA before any trial starts;
+- `study.records`: one end record per trial, the truth a resume and every reader trust;
+- `study.lease`: one driver per study (a flock locally, conditional PUTs on S3);
+- `study.warmstart`: an earlier study's best configurations as a new study's first trials;
+- `study.parquet`: the Parquet contract (schema version 2);
 - `study.storage`: where a study's files live, local or on a pyarrow filesystem;
-- `study.cli`: ``ponder-study``.
+- `study.launch`, `study.cli`: ``ponder-study`` (signals handled from its first line).
 
 Nothing is imported here, so ``ponder-study --help`` does not wait for Ray.
 """

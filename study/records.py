@@ -67,10 +67,6 @@ def relative_to_root(root_fs_path: str, path: str | None) -> str | None:
     return path[len(root) :] if path.startswith(root) else path
 
 
-def end_record_path(paths: StudyPaths, trial_id: str) -> str:
-    return paths.end_record(trial_id)
-
-
 def write_end_record(paths: StudyPaths, record: EndRecord) -> bool:
     """Write the trial's end record unless one exists; returns whether this call wrote it.
 
