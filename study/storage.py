@@ -308,15 +308,26 @@ def write_bytes(uri: str, data: bytes) -> None:
     _write(*resolve(uri), data)
 
 
+def _durable_temporary(path: str, data: bytes) -> str:
+    """``data`` in a new temporary file beside ``path``, on disk (fsynced): the first half of a
+    write no reader can see torn. The caller renames or links it into place."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=f".{os.path.basename(path)}.")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return tmp
+
+
 def _write(fs: pafs.FileSystem, path: str, data: bytes) -> None:
     if isinstance(fs, pafs.LocalFileSystem):
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=f".{os.path.basename(path)}.")
+        tmp = _durable_temporary(path, data)
         try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
             os.replace(tmp, path)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
@@ -334,17 +345,11 @@ def create_bytes(uri: str, data: bytes) -> bool:
     requests; the study's lease keeps a second writer away."""
     fs, path = resolve(uri)
     if isinstance(fs, pafs.LocalFileSystem):
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=f".{os.path.basename(path)}.")
+        tmp = _durable_temporary(path, data)
         try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            try:
-                os.link(tmp, path)
-            except FileExistsError:
-                return False
+            os.link(tmp, path)
+        except FileExistsError:
+            return False
         finally:
             Path(tmp).unlink(missing_ok=True)
         return True
