@@ -355,7 +355,11 @@ def run_campaign(c: Campaign) -> tuple[int, list[Kill]]:
 
 
 def _moto(c: Campaign) -> Any:
+    import logging
+
     from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one line per request otherwise
 
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
