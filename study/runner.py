@@ -588,8 +588,8 @@ def _replay(controller: Any, trials: list[Trial], spec: StudySpec, paths: StudyP
     Everything Tune unpickled is pointed at the study where it is now; every trial with an end
     record is TERMINATED with its last report (so Tune, its progress table and the searcher's
     concurrency limit see an ended trial, not one to run again); Optuna is told the ends it
-    missed; ASHA gets the stops it missed; trials that ended but that Tune's state lacks count
-    towards ``num_samples`` (the Parquet takes them from their records)."""
+    missed; ASHA gets the stops it missed; the trials counted towards ``num_samples`` are those
+    Tune saved and those that ended (the Parquet takes the latter from their records)."""
     scheduler = controller._scheduler_alg
     if isinstance(scheduler, PersistentASHA):
         scheduler.rebind(paths)
@@ -626,10 +626,12 @@ def _replay(controller: Any, trials: list[Trial], spec: StudySpec, paths: StudyP
         experiment.spec["storage"] = experiment.storage
     if hasattr(search_alg, "_total_samples"):  # the stored spec is the truth (`resume --more`)
         search_alg._total_samples = spec.search.num_samples
-    missing = set(ends) - known
-    if missing and hasattr(search_alg, "_counter"):
-        log.info("%d ended trials are not in Tune's saved state; they count towards the study", len(missing))
-        search_alg._counter += len(missing)
+    if hasattr(search_alg, "_counter"):
+        # the trials the study has: those Tune saved and those that ended without Tune saving it.
+        # Tune's own count comes from its searcher's file, which is saved (and uploaded) apart
+        # from the trials' file, so after a kill it can count a trial neither file holds; that
+        # trial's Optuna trial is an orphan and goes to the next new trial
+        search_alg._counter = len(known | set(ends))
 
 
 FULL_RECORD = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
