@@ -19,6 +19,7 @@ import copy
 import json
 import logging
 import os
+import pickle
 import signal
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
@@ -534,6 +535,29 @@ def resume_study(
 EXPERIMENT_STATE_GLOB = "experiment_state-*.json"
 
 
+TUNE_STATE_SIDES = (("search_gen_state", ".json"), ("searcher-state", ".pkl"))
+"""The files Tune saves beside each ``experiment_state-<session>.json``."""
+
+
+def _whole(fs: pafs.FileSystem, path: str) -> bool:
+    """Whether one of Tune's state files reads whole (absent counts as whole: Tune may not write it)."""
+    if fs.get_file_info(path).type != pafs.FileType.File:
+        return True
+    with fs.open_input_stream(path) as f:
+        data = f.readall()
+    if path.rsplit("/", 1)[-1].startswith("experiment_state-"):
+        try:
+            json.loads(data)
+        except ValueError:
+            return False
+        return True
+    try:  # the search generator's and the searcher's files are pickles (whatever their suffix)
+        pickle.loads(data)
+    except Exception:  # a truncated pickle: EOFError, UnpicklingError, ...
+        return False
+    return True
+
+
 def _restorable(paths: StudyPaths) -> bool:
     """Whether Tune has a state to restore the study from; False if the driver was stopped before
     Tune saved one (the study then goes on in a new Tune experiment, its Optuna study and its
@@ -555,14 +579,16 @@ def _restorable(paths: StudyPaths) -> bool:
         reverse=True,
     )
     for state in states:
-        with fs.open_input_stream(state) as f:
-            data = f.readall()
-        try:
-            json.loads(data)
+        # one save writes three files: the trials, the search generator's count, the searcher;
+        # a kill or a full disk can tear any of them, and Tune would restore what it could
+        session = state.rsplit("/", 1)[-1].removeprefix("experiment_state-").removesuffix(".json")
+        files = [state, *(f"{directory}/{kind}-{session}{ext}" for kind, ext in TUNE_STATE_SIDES)]
+        if all(_whole(fs, f) for f in files):
             return True
-        except ValueError:
-            log.warning("Tune's state file %s is torn (killed while written): using an older one", state)
-            fs.move(state, state + ".torn")
+        log.warning("Tune's state of %s is torn (killed while written): using an older one", session)
+        for f in files:
+            if fs.get_file_info(f).type == pafs.FileType.File:
+                fs.move(f, f + ".torn")
     if states and read_end_records(paths):
         log.warning(
             "Tune's only saved state was torn: the study goes on in a new Tune experiment, its ended "

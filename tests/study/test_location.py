@@ -224,3 +224,23 @@ def test_a_warm_start_begins_with_the_earlier_studys_best(smoke: tuple[Path, obj
     assert refused.returncode == 2, refused.stdout + refused.stderr
     assert refused.stderr.count("\n") == 1 and "outside this spec's range" in refused.stderr, refused.stderr
     assert not (copy / "studies" / "n").exists()
+
+
+@pytest.mark.parametrize("torn", [None, "experiment_state", "search_gen_state", "searcher-state"])
+def test_a_torn_tune_state_file_is_set_aside_whole(
+    smoke: tuple[Path, object], tmp_path: Path, torn: str | None
+) -> None:
+    """One Tune save writes three files (found by the kill campaign: an empty search_gen_state
+    made the resume restore a searcher without its space). Any torn one sets its session aside."""
+    from study.runner import _restorable
+
+    storage, _ = smoke
+    copy = tmp_path / "copy"
+    shutil.copytree(storage, copy)
+    experiment = copy / "tune" / "parity-smoke"
+    if torn is not None:
+        (victim,) = experiment.glob(f"{torn}-*")
+        victim.write_bytes(victim.read_bytes()[: len(victim.read_bytes()) // 2])
+    assert _restorable(StudyPaths(str(copy), "parity-smoke")) is (torn is None)
+    assert bool(list(experiment.glob("*.torn"))) is (torn is not None)
+    assert (experiment / "tuner.pkl").exists()
