@@ -567,6 +567,13 @@ def _restorable(paths: StudyPaths) -> bool:
     would then "restart the experiment" over the study. A torn newest file is set aside
     (renamed ``*.torn``) for an older one."""
     fs, directory = resolve(paths.experiment)
+    tuner_file = f"{directory}/tuner.pkl"
+    if not _whole(fs, tuner_file):  # Tune rewrites it at every start, in place (ray#58179)
+        log.warning(
+            "Tune's tuner.pkl is torn (killed while written): the study goes on in a new Tune experiment"
+        )
+        fs.move(tuner_file, tuner_file + ".torn")
+        return False
     selector = pafs.FileSelector(directory, allow_not_found=True)
     states = sorted(
         (

@@ -226,7 +226,9 @@ def test_a_warm_start_begins_with_the_earlier_studys_best(smoke: tuple[Path, obj
     assert not (copy / "studies" / "n").exists()
 
 
-@pytest.mark.parametrize("torn", [None, "experiment_state", "search_gen_state", "searcher-state"])
+@pytest.mark.parametrize(
+    "torn", [None, "experiment_state", "search_gen_state", "searcher-state", "tuner.pkl"]
+)
 def test_a_torn_tune_state_file_is_set_aside_whole(
     smoke: tuple[Path, object], tmp_path: Path, torn: str | None
 ) -> None:
@@ -239,8 +241,8 @@ def test_a_torn_tune_state_file_is_set_aside_whole(
     shutil.copytree(storage, copy)
     experiment = copy / "tune" / "parity-smoke"
     if torn is not None:
-        (victim,) = experiment.glob(f"{torn}-*")
+        (victim,) = experiment.glob(torn if torn.endswith(".pkl") else f"{torn}-*")
         victim.write_bytes(victim.read_bytes()[: len(victim.read_bytes()) // 2])
     assert _restorable(StudyPaths(str(copy), "parity-smoke")) is (torn is None)
     assert bool(list(experiment.glob("*.torn"))) is (torn is not None)
-    assert (experiment / "tuner.pkl").exists()
+    assert (experiment / "tuner.pkl").exists() is (torn != "tuner.pkl")
