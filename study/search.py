@@ -179,9 +179,13 @@ class DivergenceAwareOptunaSearch(OptunaSearch):
 
     def suggest(self, trial_id: str) -> dict[str, Any] | None:
         self._ready()
-        if self._orphans and trial_id not in self._ot_trials and self._ot_study is not None:
+        while self._orphans and trial_id not in self._ot_trials and self._ot_study is not None:
             number = self._orphans.pop(0)
             frozen = next(t for t in self._ot_study.get_trials(deepcopy=False) if t.number == number)
+            if isinstance(self._space, dict) and not set(self._space) <= set(frozen.params):
+                # asked, but its parameters were cut with a torn journal: it never ran
+                self._ot_study.tell(number, state=optuna.trial.TrialState.FAIL)
+                continue
             self._ot_trials[trial_id] = optuna.trial.Trial(self._ot_study, frozen._trial_id)
         params = super().suggest(trial_id)
         asked = self._ot_trials.get(trial_id)

@@ -276,7 +276,7 @@ def test_ctrl_c_early_exits_130_with_the_hint_and_rays_processes_go_with_it(
     assert "Traceback" not in text, text[-3000:]
     last = text.strip().splitlines()[-1]
     assert "ponder-study" in last and ("resume it with: " in last or "run it again: " in last), last
-    deadline = time.monotonic() + 15
+    deadline = time.monotonic() + 45  # Ray's agents notice their raylet is gone within seconds
     while _group_alive(d.proc.pid) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert not _group_alive(d.proc.pid), _group_alive(d.proc.pid)
