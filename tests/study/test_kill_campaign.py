@@ -23,42 +23,30 @@ def _bench() -> object:
     return module
 
 
-def test_a_study_survives_sigkills_at_drawn_moments(tmp_path: Path) -> None:
+def _campaign(tmp_path: Path, **settings: object) -> tuple[int, list[object], str]:
+    """Run the bench's campaign in ``tmp_path``: (kills survived, every kill, what it printed)."""
     bench = _bench()
     lines: list[str] = []
     campaign = bench.Campaign(  # type: ignore[attr-defined]
-        storage=str(tmp_path / "storage"),
-        kills=4,
-        seed=5,
-        num_samples=6,
-        log_dir=tmp_path,
-        echo=lines.append,
+        storage=str(tmp_path / "storage"), log_dir=tmp_path, echo=lines.append, **settings
     )
     survived, kills = bench.run_campaign(campaign)  # type: ignore[attr-defined]
-    report = "\n".join(lines)
+    return survived, kills, "\n".join(lines)
+
+
+def test_a_study_survives_sigkills_at_drawn_moments(tmp_path: Path) -> None:
+    survived, kills, report = _campaign(tmp_path, kills=4, seed=5, num_samples=6)
     assert len(kills) == 4, report
-    assert [k.problems for k in kills] == [[]] * 4, report
+    assert [k.problems for k in kills] == [[]] * 4, report  # type: ignore[attr-defined]
     assert survived == 4, report
-    assert {k.table for k in kills} == {True, False}, report  # the progress table on and off
+    assert {k.table for k in kills} == {True, False}, report  # type: ignore[attr-defined]  # table on and off
     assert "every check held" in report, report
 
 
 def test_a_study_survives_signals_and_the_pasted_resume(tmp_path: Path) -> None:
-    """The same campaign's --signals mode: Ctrl-C once or twice, SIGTERM, SIGHUP (with `run`, half
-    the time within a second of Optuna's "study created"); each driver exits 130 with no
-    traceback and its last line is the command the campaign runs next."""
-    bench = _bench()
-    lines: list[str] = []
-    campaign = bench.Campaign(  # type: ignore[attr-defined]
-        storage=str(tmp_path / "storage"),
-        kills=3,
-        seed=11,
-        num_samples=4,
-        log_dir=tmp_path,
-        echo=lines.append,
-        signals=True,
-    )
-    survived, kills = bench.run_campaign(campaign)  # type: ignore[attr-defined]
-    report = "\n".join(lines)
+    """The same campaign's --signals mode: Ctrl-C once or twice, SIGTERM, SIGHUP (every fourth
+    within a second of Optuna's "study created"); each driver exits 130 with no traceback and
+    its last line is the command the campaign runs next."""
+    survived, kills, report = _campaign(tmp_path, kills=3, seed=11, num_samples=4, signals=True)
     assert len(kills) == 3 and survived == 3, report
     assert "every check held" in report, report
