@@ -256,10 +256,10 @@ def _empty_superseded_checkpoints(trial: Trial, keep: str) -> None:
 
 
 class ParquetCallback(Callback):
-    """Refreshes the study's Parquet as trials end, and frees an ended trial's superseded
-    checkpoints. The trial's end record was written before (by the scheduler, which Tune tells
-    of an end first), so a kill at any point here loses nothing that a resume or ``export``
-    does not rebuild."""
+    """Refreshes the study's Parquet as trials end, frees an ended trial's superseded
+    checkpoints, and keeps a retried trial's reports. The trial's end record was written before
+    (by the scheduler, which Tune tells of an end first), so a kill at any point here loses
+    nothing that a resume or ``export`` does not rebuild."""
 
     def __init__(self, paths: StudyPaths, spec: StudySpec) -> None:
         self.paths = paths
@@ -291,6 +291,29 @@ class ParquetCallback(Callback):
 
     def on_trial_error(self, iteration: int, trials: list[Trial], trial: Trial, **info: Any) -> None:
         self._write(trials)
+
+    def on_trial_recover(self, iteration: int, trials: list[Trial], trial: Trial, **info: Any) -> None:
+        _push_reports_before_retry(trial)
+
+
+def _push_reports_before_retry(trial: Trial) -> None:
+    """Copy a failed trial's ``result.json`` from the driver to the storage before Tune retries it.
+
+    Tune starts a retried trial by copying ``result.json`` back from the storage over the
+    driver's copy (``JsonLoggerCallback._restore_from_remote``). The storage copy lags by one
+    sync, so without this the reports made since then vanish from the trial's history, among
+    them the one whose checkpoint the retry goes on from (seen after a lost node: 100, then 300)."""
+    if not has_directory(trial) or trial.storage is None or not trial.local_path:
+        return
+    local = Path(trial.local_path, "result.json")
+    fs, remote = trial.storage.storage_filesystem, f"{trial.storage.trial_fs_path}/result.json"
+    same_file = isinstance(fs, pafs.LocalFileSystem) and local.resolve() == Path(remote).resolve()
+    if not local.exists() or same_file:
+        return
+    try:
+        pafs.copy_files(str(local), remote, destination_filesystem=fs)
+    except OSError as e:  # the retry goes on; only the lagging reports are at risk
+        log.warning("could not save trial %s's reports before its retry (%s)", trial.trial_id, e)
 
 
 # -- running ------------------------------------------------------------------------------------
