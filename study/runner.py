@@ -517,7 +517,10 @@ def check_whole(paths: StudyPaths, spec: StudySpec) -> None:
     its Optuna journal and, once trials have ended, Tune's experiment must be where it is."""
     journal = paths.optuna_journal_copy or paths.optuna_journal
     ended = read_end_records(paths)
-    has_tune = tune.Tuner.can_restore(paths.experiment)
+    # Tune's folder, whole or not: a resume killed after setting a torn tuner.pkl aside leaves
+    # one without it, which the next resume recovers from the records (`_restorable`)
+    fs, experiment = resolve(paths.experiment)
+    has_tune = fs.get_file_info(experiment).type == pafs.FileType.Directory
     if (ended or has_tune) and read_bytes(journal) is None and not Path(paths.optuna_journal).exists():
         raise StudyError(
             f"study {paths.name!r} under {paths.root} is incomplete: its Optuna journal {journal} is missing "
@@ -551,7 +554,8 @@ def resume_study(
                 )
             spec = spec.with_overrides(num_samples=spec.search.num_samples + more)
             write_bytes(paths.spec, spec.source.encode())  # the stored spec holds the new total
-        restore = _restorable(paths)
+        # after `_restorable`, which may set a torn tuner.pkl aside: Tune restores only with one
+        restore = _restorable(paths) and tune.Tuner.can_restore(paths.experiment)
         return _fit(spec, paths, address, verbose, restore=restore)
 
 

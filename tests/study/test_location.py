@@ -246,3 +246,22 @@ def test_a_torn_tune_state_file_is_set_aside_whole(
     assert _restorable(StudyPaths(str(copy), "parity-smoke")) is (torn is None)
     assert bool(list(experiment.glob("*.torn"))) is (torn is not None)
     assert (experiment / "tuner.pkl").exists() is (torn != "tuner.pkl")
+
+
+@pytest.mark.parametrize("table", ["on", "off"])
+def test_a_resume_killed_after_setting_a_torn_tuner_pkl_aside_is_finished_by_the_next(
+    smoke: tuple[Path, object], tmp_path: Path, table: str
+) -> None:
+    """Found by the kill campaign: a resume set a torn tuner.pkl aside and was killed before Tune
+    wrote a new one; every later resume refused the study as half copied (tune/ "missing")."""
+    storage, _ = smoke
+    copy = tmp_path / "copy"
+    shutil.copytree(storage, copy)
+    experiment = copy / "tune" / "parity-smoke"
+    (experiment / "tuner.pkl").rename(experiment / "tuner.pkl.torn")  # what that resume left
+    before = trials(copy, "parity-smoke").set_index("trial_id")
+    quiet = ["--quiet"] if table == "off" else []
+    done = cli("resume", "parity-smoke", "--storage", str(copy), *quiet)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    after = _check_final(copy, "parity-smoke", len(before)).set_index("trial_id")
+    assert after.loc[before.index, "reports"].equals(before["reports"])  # nothing trained again
