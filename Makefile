@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 
 FASHION := /usr/share/datasets/fashion-mnist
 
-.PHONY: help venv test lint typecheck pytest study bench train clean fashion-mnist
+.PHONY: help venv test test-fast lint typecheck pytest study bench train clean fashion-mnist
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -36,10 +36,15 @@ fashion-mnist:  ## Debian's Fashion-MNIST IDX files, for the reader's test (best
 		echo "could not install dataset-fashion-mnist: its test will be skipped"; \
 	else echo "no root or apt-get: the Fashion-MNIST test will be skipped"; fi
 
-pytest: $(STAMP) fashion-mnist  ## the test suite
-	$(BIN)/pytest -q
+pytest: $(STAMP) fashion-mnist  ## the test suite (the 15 slowest tests listed at the end)
+	$(BIN)/pytest -q --durations=15
 
 test: lint typecheck pytest  ## everything CI runs: lint, types, tests
+
+# Ray reads $$RAY_ADDRESS: a malformed one makes any Ray start fail at once, so a unit test that
+# starts Ray without the `ray` mark (tests/conftest.py) fails here instead of slowing the loop
+test-fast: $(STAMP)  ## the unit tests, no Ray started, on both cores: the edit-run loop
+	RAY_ADDRESS=/no-ray-in-test-fast OMP_NUM_THREADS=1 $(BIN)/pytest -q -m "not ray" -n 2
 
 STUDY ?= parity
 

@@ -44,3 +44,16 @@ def step_case(request: pytest.FixtureRequest) -> StepCase:
     torch.manual_seed(0)
     case: StepCase = request.param
     return case
+
+
+RAY_FIXTURES = frozenset({"smoke", "s3", "cluster", "driver"})
+"""Fixtures that start Ray, a CLI driver or moto's server."""
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark ``ray`` every test that trains for long (``slow``) or uses a fixture that starts Ray,
+    a driver or moto: ``make test-fast`` runs the others, with a ``RAY_ADDRESS`` that makes any
+    Ray start fail at once, so a test that starts Ray without the mark shows up there."""
+    for item in items:
+        if item.get_closest_marker("slow") or RAY_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.ray)

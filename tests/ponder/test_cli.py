@@ -48,6 +48,7 @@ def _json_lines(proc: subprocess.CompletedProcess[str]) -> list[dict[str, object
     return [{k: v for k, v in json.loads(line).items() if k not in TIMING_KEYS} for line in lines]
 
 
+@pytest.mark.slow  # trains in subprocesses for 10-16 s
 def test_resume_trains_on_exactly_as_one_longer_run(tmp_path: Path) -> None:
     ckpt = tmp_path / "run.pt"
     common = [*TINY, "--eval-interval", "10", "--json"]
@@ -99,6 +100,7 @@ def test_corrupt_mnist_file_is_one_line(tmp_path: Path) -> None:
     assert proc.stderr.count("\n") == 1 and "truncated" in proc.stderr
 
 
+@pytest.mark.slow  # trains in subprocesses for 10-16 s
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_interrupt_saves_at_an_iteration_boundary_and_resumes_exactly(tmp_path: Path, sig: int) -> None:
     ckpt = tmp_path / "run.pt"
@@ -125,6 +127,7 @@ def test_interrupt_saves_at_an_iteration_boundary_and_resumes_exactly(tmp_path: 
     assert resumed[-1] == straight[-1]
 
 
+@pytest.mark.slow  # trains in subprocesses for 10-16 s
 def test_resume_refuses_a_changed_config_and_a_shorter_budget(tmp_path: Path) -> None:
     ckpt = tmp_path / "run.pt"
     assert (

@@ -72,6 +72,7 @@ def test_a_malformed_storage_uri_is_refused(uri: str, says: str) -> None:
     assert says in err
 
 
+@pytest.mark.slow
 def test_a_tilde_storage_lands_in_home_not_in_a_folder_named_tilde(tmp_path: Path) -> None:
     home, cwd = tmp_path / "home", tmp_path / "cwd"
     home.mkdir(), cwd.mkdir()
