@@ -416,6 +416,35 @@ def _restore_stop_handlers(handlers: dict[int, Any]) -> None:
 
 
 @contextlib.contextmanager
+def _stops_held_while_ray_starts() -> Iterator[None]:
+    """While ``ray.init`` runs, a SIGTERM or SIGHUP still stops the study as Ctrl-C does.
+
+    - SIGHUP: Ray's local processes (GCS, raylet) start in the driver's process group, and a
+      closed terminal's SIGHUP would kill them before the driver could save the study. They must
+      inherit an ignored SIGHUP, so the driver ignores it meanwhile, and also blocks it: Linux
+      keeps a blocked signal pending even when ignored, so one that came is delivered to the
+      driver's own handler once that is back, instead of being lost (the study ran on, the
+      terminal gone).
+    - SIGTERM: ``ray.init`` first installs a handler that exits 15 at once, nothing saved or
+      said. Its ``SystemExit(15)`` becomes a KeyboardInterrupt, as Ctrl-C."""
+    handlers = _stop_handlers()
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGHUP})
+    try:
+        try:
+            yield
+        finally:
+            _restore_stop_handlers(handlers)  # Ray's SIGTERM handler out, the driver's back
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGHUP})  # a pending SIGHUP lands now
+    except SystemExit as e:
+        _restore_stop_handlers(handlers)  # in case Ray's handler fired before the line above
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGHUP})
+        if e.code != signal.SIGTERM:
+            raise
+        raise KeyboardInterrupt from None
+
+
+@contextlib.contextmanager
 def _ray_lifetime() -> Iterator[None]:
     """Stop the Ray instance this command started when it ends, however it ends (a Ctrl-C in the
     middle of Ray's start-up included): its helper processes go with the driver."""
@@ -439,17 +468,10 @@ def _init_ray(address: str | None, paths: StudyPaths) -> None:
         # `ray start` last started on this machine; --address auto asks for that explicitly
         address = "local"
     try:  # Ray's start-up notices (token auth, ...) at ERROR: a refusal stays one line on stderr
-        handlers = _stop_handlers()
-        # Ray's local processes (GCS, raylet) start in the driver's process group: a closed
-        # terminal's SIGHUP would kill them before the driver could save the study. They inherit
-        # an ignored SIGHUP; the driver's own handler is put back below.
-        signal.signal(signal.SIGHUP, signal.SIG_IGN)
-        try:
+        with _stops_held_while_ray_starts():
             ray.init(
                 address=address, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR
             )
-        finally:
-            _restore_stop_handlers(handlers)
         logging.getLogger("ray").setLevel(logging.WARNING)  # then Tune's warnings as before
     except (ValueError, ConnectionError, RuntimeError, TimeoutError) as e:
         where = os.environ.get("RAY_ADDRESS") if address is None else address

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -261,7 +262,7 @@ def test_a_report_of_an_s3_study_lands_in_the_study_storage(
 
 
 def _group_alive(pgid: int) -> list[str]:
-    out = subprocess.run(["ps", "-eo", "pgid=,args="], capture_output=True, text=True).stdout
+    out = subprocess.run(["ps", "-ww", "-eo", "pgid=,args="], capture_output=True, text=True).stdout
     return [line for line in out.splitlines() if line.split(None, 1)[0] == str(pgid)]
 
 
@@ -278,6 +279,33 @@ def test_ctrl_c_early_exits_130_with_the_hint_and_rays_processes_go_with_it(
     last = text.strip().splitlines()[-1]
     assert "ponder-study" in last and ("resume it with: " in last or "run it again: " in last), last
     deadline = time.monotonic() + 45  # Ray's agents notice their raylet is gone within seconds
+    while _group_alive(d.proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not _group_alive(d.proc.pid), _group_alive(d.proc.pid)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["SIGTERM", "SIGHUP"])
+def test_a_stop_while_ray_starts_exits_130_with_the_hint(
+    driver: Callable[..., Driver], tmp_path: Path, how: str
+) -> None:
+    """``ray.init`` puts in its own SIGTERM handler (exit 15 at once, nothing said) and the
+    driver ignores SIGHUP while Ray's processes start: a `kill` or a closed terminal in those
+    seconds must still stop the study as Ctrl-C does. The signal is sent the moment Ray's GCS
+    appears in the driver's process group, i.e. inside ``ray.init``."""
+    d = driver("run", "parity-smoke", "--num-samples", "2", "--storage", str(tmp_path))
+    d.wait_until(lambda: any("gcs_server" in p for p in _group_alive(d.proc.pid)), timeout=120, poll=0.01)
+    if how == "SIGTERM":
+        os.kill(d.proc.pid, signal.SIGTERM)  # `kill PID`
+    else:
+        os.killpg(d.proc.pid, signal.SIGHUP)  # the terminal closed
+    rc = d.finish(timeout=120)
+    text = d.output()
+    assert rc == 130, f"exit {rc}:\n{text[-3000:]}"
+    assert "Traceback" not in text, text[-3000:]
+    last = text.strip().splitlines()[-1]
+    assert last.startswith("ponder-study: interrupted") and "ponder-study " in last.split(": ", 2)[-1], last
+    deadline = time.monotonic() + 45
     while _group_alive(d.proc.pid) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert not _group_alive(d.proc.pid), _group_alive(d.proc.pid)
