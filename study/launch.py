@@ -13,7 +13,24 @@ import signal
 import sys
 from typing import NoReturn
 
-__all__ = ["main"]
+__all__ = ["RAY_CRASH_HANDLER_OFF", "crash_handler_back_for_ray_processes", "main"]
+
+RAY_CRASH_HANDLER_OFF = "RAY_DISABLE_FAILURE_SIGNAL_HANDLER"
+"""Ray's C++ crash handler (absl's) also takes SIGTERM, and ``ray.shutdown()`` removes it by
+setting SIGTERM back to "die at once", under the driver's own handler: a `kill` in the driver's
+last second (~1 s while Ray's processes stop) ended it with exit 143, its summary unprinted. Set
+here for the driver only (read when Ray is imported); `study.runner` takes it back out before
+Ray starts its processes, so trials keep the crash handler."""
+
+_set_here = False
+
+
+def crash_handler_back_for_ray_processes() -> None:
+    """Called once Ray is imported, before it starts processes: they inherit the environment."""
+    global _set_here
+    if _set_here:
+        os.environ.pop(RAY_CRASH_HANDLER_OFF, None)
+        _set_here = False
 
 
 def _as_ctrl_c(signum: int, frame: object) -> None:
@@ -22,6 +39,10 @@ def _as_ctrl_c(signum: int, frame: object) -> None:
 
 def main() -> NoReturn:
     """Install the handlers, import the CLI, run it (`study.cli.entry`)."""
+    global _set_here
+    if RAY_CRASH_HANDLER_OFF not in os.environ:  # a user's own setting stands
+        os.environ[RAY_CRASH_HANDLER_OFF] = "1"
+        _set_here = True
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _as_ctrl_c)
     try:

@@ -36,6 +36,7 @@ from ray import tune
 from ray.tune import Callback, CLIReporter
 from ray.tune.experiment import Trial
 
+from study.launch import crash_handler_back_for_ray_processes
 from study.lease import hold_lease
 from study.parquet import TrialRecord, history_table, parse_result_lines, trials_table
 from study.records import EndRecord, read_end_records
@@ -453,8 +454,12 @@ def _ray_lifetime() -> Iterator[None]:
         yield
     finally:
         if started_here:
+            handlers = _stop_handlers()
             with contextlib.suppress(Exception):
                 ray.shutdown()
+            # with Ray's crash handler on (a study run from Python, not the command), shutdown
+            # leaves SIGTERM at "die at once" (`study.launch.RAY_CRASH_HANDLER_OFF`)
+            _restore_stop_handlers(handlers)
 
 
 def _init_ray(address: str | None, paths: StudyPaths) -> None:
@@ -468,6 +473,7 @@ def _init_ray(address: str | None, paths: StudyPaths) -> None:
         # `ray start` last started on this machine; --address auto asks for that explicitly
         address = "local"
     try:  # Ray's start-up notices (token auth, ...) at ERROR: a refusal stays one line on stderr
+        crash_handler_back_for_ray_processes()  # Ray read it at import: its processes keep theirs
         with _stops_held_while_ray_starts():
             ray.init(
                 address=address, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR
