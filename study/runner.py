@@ -39,6 +39,8 @@ from ray.tune.experiment import Trial
 from study.launch import crash_handler_back_for_ray_processes
 from study.lease import hold_lease
 from study.parquet import TrialRecord, history_table, parse_result_lines, trials_table
+from study.processes import descendants
+from study.processes import stop as stop_processes
 from study.records import EndRecord, read_end_records
 from study.scheduler import PersistentASHA, SnapshotBeforeStart
 from study.search import (
@@ -455,8 +457,10 @@ def _ray_lifetime() -> Iterator[None]:
     finally:
         if started_here:
             handlers = _stop_handlers()
+            local = descendants(os.getpid())  # a local instance: GCS, raylet, its agents, workers
             with contextlib.suppress(Exception):
                 ray.shutdown()
+            stop_processes(local)  # an agent can outlive its raylet stopped mid-start (45 s seen)
             # with Ray's crash handler on (a study run from Python, not the command), shutdown
             # leaves SIGTERM at "die at once" (`study.launch.RAY_CRASH_HANDLER_OFF`)
             _restore_stop_handlers(handlers)

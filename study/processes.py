@@ -1,0 +1,68 @@
+"""The processes a command started, so none outlives it.
+
+A local Ray instance is a tree under the driver: GCS, raylet, the raylet's agents
+(``ray::DashboardAgent``, ``ray::RuntimeEnvAgent``) and workers. ``ray.shutdown()`` stops the
+ones Ray tracks, but an agent whose raylet is stopped while Ray is still starting (a Ctrl-C in
+the first seconds) has been seen alive 45 s later, holding memory and the terminal's process
+group. Linux only (``/proc``); elsewhere nothing is found and nothing is stopped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from pathlib import Path
+
+__all__ = ["descendants", "stop"]
+
+Process = tuple[int, str]
+"""(pid, start time in clock ticks since boot): a pid reused by another process never matches."""
+
+
+def _stat(pid: int) -> tuple[int, str] | None:
+    """(parent pid, start time) of a live process; None if it is gone or a zombie (it ran out)."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = text[text.rindex(")") + 2 :].split()  # the command name may hold spaces and ')'
+    if fields[0] in ("Z", "X"):  # fields: state (3rd of stat), ppid (4th), ..., starttime (22nd)
+        return None
+    return int(fields[1]), fields[19]
+
+
+def descendants(pid: int) -> list[Process]:
+    """Every process below ``pid`` (children, their children, ...), as they are now."""
+    children: dict[int, list[Process]] = {}
+    for entry in Path("/proc").iterdir() if Path("/proc").is_dir() else ():
+        if entry.name.isdigit() and (stat := _stat(int(entry.name))) is not None:
+            children.setdefault(stat[0], []).append((int(entry.name), stat[1]))
+    found: list[Process] = []
+    todo = [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child[0])
+    return found
+
+
+def _alive(processes: list[Process]) -> list[Process]:
+    return [(pid, start) for pid, start in processes if (s := _stat(pid)) is not None and s[1] == start]
+
+
+def stop(processes: list[Process], grace_s: float = 1.0) -> int:
+    """Let ``processes`` exit for ``grace_s``, then SIGTERM what is left, then SIGKILL; returns
+    how many had to be signalled."""
+    deadline = time.monotonic() + grace_s
+    while (left := _alive(processes)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for sig, wait_s in ((signal.SIGTERM, 1.0), (signal.SIGKILL, 0.0)):
+        for pid, _ in _alive(left):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, sig)
+        deadline = time.monotonic() + wait_s
+        while _alive(left) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    return len(left)
