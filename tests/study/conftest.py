@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -10,7 +11,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,15 +25,107 @@ CLI = [sys.executable, "-m", "study"]
 REPO = Path(__file__).resolve().parents[2]
 
 
-def cli(*args: str, timeout: float = 300, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
+# -- one Ray instance for the drivers of a test process ------------------------------------------
+# Starting a local Ray instance (GCS, raylet, two agents, prestarted workers) costs a driver about
+# 5 s and more CPU than the smoke study's training. `run` and `resume` drivers of the tests join
+# one instance per test process instead, as drivers join a cluster (`RAY_ADDRESS`), and each
+# test keeps its own storage and study name. Tests of what a driver's *own* instance does (its
+# processes stop with it, signals while it starts, the kill campaign's process-group kills) and
+# tests whose trials read the test's environment (moto's AWS variables, the fault drill) pass
+# `own_ray=True`. A caller's own `RAY_ADDRESS` always wins (`make test-fast` sets an unusable one).
+_SHARED_RAY = """
+import os, sys, time, ray
+ray.init(address="local", include_dashboard=False, log_to_driver=False, num_cpus=2)
+print(ray.get_runtime_context().gcs_address, flush=True)
+while os.getppid() == int(sys.argv[1]):  # ends with the test process, however that ends
+    time.sleep(1)
+"""
+_TOKEN_AUTH = {"RAY_AUTH_MODE": "token"}
+"""Ray's token authentication (the token in ~/.ray/auth_token), which a driver joining by an
+explicit address only uses when told to, as users joining a local cluster are."""
+_shared_ray: tuple[subprocess.Popen[str], str] | None = None
+
+
+def shared_ray() -> str:
+    """The address of this test process's Ray instance, started on first use."""
+    global _shared_ray
+    if _shared_ray is None:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", _SHARED_RAY, str(os.getpid())],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            start_new_session=True,  # stopped whole at the end of the session
+            env={**{k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}, **_TOKEN_AUTH},
+        )
+        assert proc.stdout is not None
+        address = proc.stdout.readline().strip()
+        assert address, f"the tests' Ray instance did not start (exit {proc.wait()})"
+        _shared_ray = proc, address
+    return _shared_ray[1]
+
+
+def stop_shared_ray() -> None:
+    global _shared_ray
+    if _shared_ray is not None:
+        proc, _ = _shared_ray
+        _shared_ray = None
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(30)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _stop_the_shared_ray_at_the_end() -> Iterator[None]:
+    yield
+    stop_shared_ray()
+
+
+def driver_env(
+    args: Sequence[str], env: Mapping[str, str] | None = None, own_ray: bool = False
+) -> dict[str, str]:
+    """The environment of a ``ponder-study ARGS`` subprocess: the test's, with ``env`` over it,
+    joined to the shared Ray instance when it is a `run` or `resume` that may join one."""
+    full = {**os.environ, **(env or {})}
+    joins = bool(args) and args[0] in ("run", "resume") and "--address" not in args and "--help" not in args
+    if joins and not own_ray and "RAY_ADDRESS" not in full:
+        full.update(RAY_ADDRESS=shared_ray(), **_TOKEN_AUTH)
+    return full
+
+
+def cli(
+    *args: str,
+    timeout: float = 300,
+    cwd: Path = REPO,
+    env: Mapping[str, str] | None = None,
+    own_ray: bool = False,
+) -> subprocess.CompletedProcess[str]:
     """Run ``ponder-study ARGS`` to the end (in ``cwd``, the repository by default)."""
-    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout, cwd=cwd)
+    return subprocess.run(
+        [*CLI, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=cwd,
+        env=driver_env(args, env, own_ray),
+    )
 
 
 class Driver:
     """``ponder-study ARGS`` running in its own process group, as in a terminal."""
 
-    def __init__(self, *args: str, log: Path, env: dict[str, str] | None = None, cwd: Path = REPO) -> None:
+    def __init__(
+        self,
+        *args: str,
+        log: Path,
+        env: dict[str, str] | None = None,
+        cwd: Path = REPO,
+        own_ray: bool = False,
+    ) -> None:
         self.log = log
         self._out = log.open("w")
         self.proc = subprocess.Popen(
@@ -41,7 +134,7 @@ class Driver:
             stderr=subprocess.STDOUT,
             cwd=cwd,
             start_new_session=True,
-            env={**os.environ, **(env or {})},
+            env=driver_env(args, env, own_ray),
         )
 
     def wait_until(self, predicate: Callable[[], bool], timeout: float = 240, poll: float = 0.2) -> None:
@@ -81,8 +174,10 @@ class Driver:
 def driver(tmp_path: Path) -> Iterator[Callable[..., Driver]]:
     started: list[Driver] = []
 
-    def start(*args: str, env: dict[str, str] | None = None, cwd: Path = REPO) -> Driver:
-        d = Driver(*args, log=tmp_path / f"driver-{len(started)}.log", env=env, cwd=cwd)
+    def start(
+        *args: str, env: dict[str, str] | None = None, cwd: Path = REPO, own_ray: bool = False
+    ) -> Driver:
+        d = Driver(*args, log=tmp_path / f"driver-{len(started)}.log", env=env, cwd=cwd, own_ray=own_ray)
         started.append(d)
         return d
 

@@ -25,7 +25,8 @@ from study.runner import EMPTIED_NOTE
 from study.spec import load_spec
 from tests.study.conftest import S3, Driver, cli, read_live
 
-pytestmark = pytest.mark.slow
+# one test process holds the cluster for the module (`make test` spreads the rest over processes)
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("cluster")]
 WORKER_IPS = ("127.0.0.2", "127.0.0.3")
 FINAL = {"completed", "early_stopped"}
 

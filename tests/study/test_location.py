@@ -103,7 +103,7 @@ def test_a_local_download_of_an_s3_study_resumes_without_the_bucket(
     """A cluster study's S3 prefix synced to a laptop (``aws s3 sync`` layout), the bucket's copy
     deleted: the local copy resumes to the end and reads back."""
     root = f"{s3.bucket()}/ponder"
-    d = driver("run", "parity-smoke", "--name", "s", "--num-samples", "3", "--storage", root)
+    d = driver("run", "parity-smoke", "--name", "s", "--num-samples", "3", "--storage", root, own_ray=True)
     paths = StudyPaths(root, "s")
 
     def one_ended() -> bool:

@@ -271,7 +271,7 @@ def _group_alive(pgid: int) -> list[str]:
 def test_ctrl_c_early_exits_130_with_the_hint_and_rays_processes_go_with_it(
     driver: Callable[..., Driver], tmp_path: Path, delay: float
 ) -> None:
-    d = driver("run", "parity-smoke", "--storage", str(tmp_path))
+    d = driver("run", "parity-smoke", "--storage", str(tmp_path), own_ray=True)
     time.sleep(delay)
     assert d.interrupt() == 130, d.output()[-3000:]
     text = d.output()
@@ -293,7 +293,7 @@ def test_a_stop_while_ray_starts_exits_130_with_the_hint(
     driver ignores SIGHUP while Ray's processes start: a `kill` or a closed terminal in those
     seconds must still stop the study as Ctrl-C does. The signal is sent the moment Ray's GCS
     appears in the driver's process group, i.e. inside ``ray.init``."""
-    d = driver("run", "parity-smoke", "--num-samples", "2", "--storage", str(tmp_path))
+    d = driver("run", "parity-smoke", "--num-samples", "2", "--storage", str(tmp_path), own_ray=True)
     d.wait_until(lambda: any("gcs_server" in p for p in _group_alive(d.proc.pid)), timeout=120, poll=0.01)
     if how == "SIGTERM":
         os.kill(d.proc.pid, signal.SIGTERM)  # `kill PID`
@@ -344,7 +344,7 @@ def test_the_driver_never_leaves_sigterm_or_sighup_to_kill_it_silently(
     Python's handler (Ray's C++ crash handler going away) for the ~1 s its processes took to
     stop: a SIGTERM there ended the driver with 143 and no summary. Checked on the kernel's
     view, every millisecond, over a whole study."""
-    d = driver("run", "parity-smoke", "--num-samples", "2", "--storage", str(tmp_path))
+    d = driver("run", "parity-smoke", "--num-samples", "2", "--storage", str(tmp_path), own_ray=True)
     start = time.monotonic()
     defaults: list[str] = []
     handled = False
