@@ -177,8 +177,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _trials(paths: StudyPaths) -> pd.DataFrame | None:
+    """The study's trials table, an older schema's config nulls filled from the config's defaults."""
+    from study.parquet import fill_config_defaults
+
     table = read_table(paths.trials_parquet)
-    return None if table is None else table.to_pandas()
+    return None if table is None else fill_config_defaults(table.to_pandas())
 
 
 def resume_command(name: str, storage: str) -> str:

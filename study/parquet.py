@@ -45,7 +45,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ponder.config import CONFIGS
+from ponder.config import CONFIGS, resolve_config
 from ponder.trainer import SET_LIST_METRICS, SET_METRICS, TIMING_KEYS, TRAIN_METRICS
 from study.pareto import pareto_mask
 
@@ -56,6 +56,7 @@ __all__ = [
     "STATUSES",
     "WORST",
     "TrialRecord",
+    "fill_config_defaults",
     "history_table",
     "pareto_marks",
     "parse_result_lines",
@@ -63,14 +64,16 @@ __all__ = [
     "trials_table",
 ]
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 STATUSES = ("completed", "early_stopped", "diverged", "errored", "running", "pending")
 ENDED_WITH_RESULT = ("completed", "early_stopped")
 """The statuses of trials that ended with a result: those ranked, put on a Pareto front, evaluated."""
 
 WORST = 1e30
 """Magnitude of the trainable's stand-in for a non-finite objective (-WORST when maximising,
-+WORST when minimising): never a real value, so the Parquet shows it as null."""
++WORST when minimising): never a real value, so the Parquet shows it as null. Only in the
+objective's own columns, and only that exact value: any other metric keeps every finite value
+(a loss of 1.15e30 after a learning rate of 1e30 is a real, if dreadful, number)."""
 CANONICAL_SETS = ("test", "easy", "hard", "extrapolation", "rot22.5", "rot45", "rot67.5", "rot90")
 
 
@@ -218,6 +221,35 @@ def pareto_marks(rows: Sequence[Mapping[str, Any]], objectives: Sequence[tuple[s
     return marks
 
 
+def fill_config_defaults(trials: pd.DataFrame) -> pd.DataFrame:
+    """A trials table as schema 3 writes it, from any version: rows of schema 1 or 2 have a config
+    field only where the study's spec set or searched it; their nulls get the task config's
+    default (`resolve_config`, the one source). What readers use until ``ponder-study export``
+    rewrites the files; a schema-3 table comes back as it is."""
+    if "schema_version" not in trials.columns or "task" not in trials.columns:
+        return trials
+    old = pd.to_numeric(trials["schema_version"], errors="coerce").fillna(0) < 3
+    if not old.any():
+        return trials
+    trials = trials.copy()
+    fields = [name for name in CONFIG_FIELDS if name in trials.columns]
+    for index in trials.index[old.to_numpy()]:
+        given = {name: trials.at[index, name] for name in ["task", *fields]}
+        given = {k: v for k, v in given.items() if not _missing(v)}
+        for name, value in resolve_config(given).items():
+            if name in fields and name not in given and value is not None:
+                if trials[name].dtype != object and isinstance(value, (str, tuple, list)):
+                    trials[name] = trials[name].astype(object)
+                trials.at[index, name] = list(value) if isinstance(value, tuple) else value
+    return trials
+
+
+def _missing(value: Any) -> bool:
+    if isinstance(value, (list, tuple, np.ndarray)):
+        return False
+    return bool(pd.isna(value))
+
+
 def ranked_trials(trials: pd.DataFrame, metric: str, mode: str) -> pd.DataFrame:
     """Rows of a trials table that ended with a result (`ENDED_WITH_RESULT`) and a finite
     ``metric``, best first; ties are broken by trial id so the order is the same on every read.
@@ -235,9 +267,12 @@ def trials_table(
     metric: str,
     mode: str,
     front: Sequence[tuple[str, str]] = (),
+    objectives: Sequence[tuple[str, str]] | None = None,
 ) -> pa.Table:
     """One row per trial (see the module docstring for the columns); ``metric``/``mode`` is the
-    objective "best" means, ``front`` the (metric, mode) pairs of the ``pareto`` column."""
+    objective "best" means, ``front`` the (metric, mode) pairs of the ``pareto`` column,
+    ``objectives`` the (metric, mode) pairs the trainable reports a stand-in for (default: the
+    primary objective and ``front``'s)."""
     sets = _sets(records)
     metric_fields = _metric_fields(sets)
     scalar_metric_fields = [f for f in metric_fields if not pa.types.is_list(f.type)]
@@ -270,12 +305,13 @@ def trials_table(
         reports = rec.reports
         last = reports[-1] if reports else {}
         best = max(reports, key=_objective_key(metric, mode)) if reports else {}
+        config = resolve_config(rec.config)  # Tune's params hold only what the spec sets or searches
         row: dict[str, Any] = {
             "schema_version": SCHEMA_VERSION,
             "trial_id": rec.trial_id,
             "status": rec.status(),
-            "task": rec.config.get("task"),
-            **{name: rec.config.get(name) for name in CONFIG_FIELDS},
+            "task": config.get("task"),
+            **{name: config.get(name) for name in CONFIG_FIELDS},
             "iteration": last.get("iteration", 0),
             "reports": len(reports),
             "nan_events": last.get("nan_events", 0),
@@ -300,11 +336,14 @@ def trials_table(
         rows.append(row)
     for row, on_front in zip(rows, pareto_marks(rows, front), strict=True):
         row["pareto"] = on_front
-    return _table(rows, schema)
+    stand_ins = _stand_ins([(metric, mode), *front] if objectives is None else objectives)
+    stand_ins.update({f"best/{name}": value for name, value in stand_ins.items()})
+    return _table(rows, schema, stand_ins)
 
 
-def history_table(records: Sequence[TrialRecord]) -> pa.Table:
-    """One row per trial per report (see the module docstring for the columns)."""
+def history_table(records: Sequence[TrialRecord], objectives: Sequence[tuple[str, str]] = ()) -> pa.Table:
+    """One row per trial per report (see the module docstring for the columns); ``objectives``:
+    the (metric, mode) pairs the trainable reports a stand-in for, null here."""
     schema = pa.schema(
         [
             pa.field("schema_version", pa.int32()),
@@ -327,11 +366,17 @@ def history_table(records: Sequence[TrialRecord]) -> pa.Table:
     for rec in records:
         for n, r in enumerate(rec.reports, start=1):
             rows.append({**r, "schema_version": SCHEMA_VERSION, "trial_id": rec.trial_id, "report": n})
-    return _table(rows, schema)
+    return _table(rows, schema, _stand_ins(objectives))
 
 
-def _table(rows: list[dict[str, Any]], schema: pa.Schema) -> pa.Table:
-    """Rows to a table of ``schema``, non-finite numbers (and metric stand-ins) as nulls.
+def _stand_ins(objectives: Iterable[tuple[str, str]]) -> dict[str, float]:
+    """Column -> the trainable's stand-in for a non-finite value of that objective."""
+    return {metric: -WORST if mode == "max" else WORST for metric, mode in objectives}
+
+
+def _table(rows: list[dict[str, Any]], schema: pa.Schema, stand_ins: Mapping[str, float]) -> pa.Table:
+    """Rows to a table of ``schema``, non-finite numbers (and the objectives' stand-ins: column ->
+    value) as nulls; every other value is kept as it is.
 
     Arrow converts whole columns at once; if it refuses a value as the column's type (a float
     where an int goes), every value is converted first. Nulls follow one rule either way."""
@@ -344,18 +389,17 @@ def _table(rows: list[dict[str, Any]], schema: pa.Schema) -> pa.Table:
         if pa.types.is_floating(f.type) or (
             pa.types.is_list(f.type) and pa.types.is_floating(f.type.value_type)
         ):
-            table = table.set_column(
-                i, f, _nulls_for_non_finite(table.column(i).combine_chunks(), "/" in f.name)
-            )
+            column = _nulls_for_non_finite(table.column(i).combine_chunks(), stand_ins.get(f.name))
+            table = table.set_column(i, f, column)
     return table
 
 
-def _nulls_for_non_finite(column: pa.Array, metric: bool) -> pa.Array:
-    """NaN and +-inf (and, in a metric column, the +-WORST stand-in) become null."""
+def _nulls_for_non_finite(column: pa.Array, stand_in: float | None) -> pa.Array:
+    """NaN and +-inf (and, in an objective's column, its stand-in value) become null."""
     if isinstance(column, pa.ListArray):
-        values = _nulls_for_non_finite(column.values, metric)
+        values = _nulls_for_non_finite(column.values, stand_in)
         return pa.ListArray.from_arrays(column.offsets, values, mask=column.is_null())
     bad = pc.invert(pc.is_finite(column))
-    if metric:
-        bad = pc.or_(bad, pc.greater_equal(pc.abs(column), WORST))
+    if stand_in is not None:
+        bad = pc.or_(bad, pc.equal(column, stand_in))
     return pc.if_else(pc.fill_null(bad, False), pa.nulls(len(column), column.type), column)

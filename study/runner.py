@@ -210,10 +210,10 @@ def write_tables(
     known = {t.trial_id for t in trials}
     for trial_id in sorted(set(ends) - known):  # ended, but not (yet) in Tune's state: never lost
         records.append(_record_from_end(paths, ends[trial_id], cache.exported.get(trial_id, [])))
-    table = trials_table(records, spec.metric, spec.mode, spec.front_objectives)
+    table = trials_table(records, spec.metric, spec.mode, spec.front_objectives, spec.objectives)
     # history first: a driver killed between the two writes leaves every trial the trials file
     # shows (an ended one included) with its reports in history, never the other way round
-    write_parquet(paths.history_parquet, history_table(records))
+    write_parquet(paths.history_parquet, history_table(records, spec.objectives))
     write_parquet(paths.trials_parquet, table)
     return records
 
