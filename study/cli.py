@@ -221,7 +221,9 @@ def summary(paths: StudyPaths, metric: str = "test/halted_accuracy", mode: str =
     counts = df["status"].value_counts()
     lines = [f"study {paths.name}: {len(df)} trials: " + ", ".join(f"{n} {s}" for s, n in counts.items())]
     columns = [c for c in dict.fromkeys([*SUMMARY_COLUMNS, metric]) if c in df.columns]
-    best = df.sort_values(metric, ascending=mode == "min", na_position="last").head(top)[columns]
+    from study.parquet import leaderboard  # what the report and evaluate call the best trial first
+
+    best = leaderboard(df, metric, mode).head(top)[columns]
     with pd.option_context(
         "display.width", 200, "display.max_columns", 20, "display.float_format", "{:.4g}".format
     ):

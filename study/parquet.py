@@ -58,6 +58,7 @@ __all__ = [
     "TrialRecord",
     "fill_config_defaults",
     "history_table",
+    "leaderboard",
     "pareto_marks",
     "parse_result_lines",
     "ranked_trials",
@@ -262,6 +263,22 @@ def ranked_trials(trials: pd.DataFrame, metric: str, mode: str) -> pd.DataFrame:
     return ok.sort_values([metric, "trial_id"], ascending=[mode == "min", True], kind="mergesort")
 
 
+def leaderboard(trials: pd.DataFrame, metric: str, mode: str) -> pd.DataFrame:
+    """Every row of a trials table, `ranked_trials` first (so the first row is the best trial
+    wherever one is named: ``status``, the run's summary, the report, ``evaluate``), then running
+    trials by ``metric`` (leaders of a study in progress, not yet results), then the rest (diverged,
+    errored, pending, stopped without a value) by trial id."""
+    ranked = ranked_trials(trials, metric, mode)
+    rest = trials.drop(index=ranked.index)
+    if metric in rest.columns and "status" in rest.columns:
+        running = rest[rest["status"] == "running"].sort_values(
+            [metric, "trial_id"], ascending=[mode == "min", True], na_position="last", kind="mergesort"
+        )
+        others = rest.drop(index=running.index).sort_values("trial_id", kind="mergesort")
+        rest = pd.concat([running, others])
+    return pd.concat([ranked, rest])
+
+
 def trials_table(
     records: Sequence[TrialRecord],
     metric: str,
@@ -298,6 +315,8 @@ def trials_table(
             *metric_fields,
             pa.field("best_iteration", pa.int64()),
             *(pa.field(f"best/{f.name}", f.type) for f in scalar_metric_fields),
+            pa.field("before_divergence_iteration", pa.int64()),
+            *(pa.field(f"before_divergence/{f.name}", f.type) for f in scalar_metric_fields),
         ]
     )
     rows = []
@@ -333,12 +352,48 @@ def trials_table(
             row[f.name] = last.get(f.name)
         for f in scalar_metric_fields:
             row[f"best/{f.name}"] = best.get(f.name)
+        if row["status"] == "diverged":
+            _diverged(row, reports, metric_fields, scalar_metric_fields, metric, mode)
         rows.append(row)
     for row, on_front in zip(rows, pareto_marks(rows, front), strict=True):
         row["pareto"] = on_front
     stand_ins = _stand_ins([(metric, mode), *front] if objectives is None else objectives)
-    stand_ins.update({f"best/{name}": value for name, value in stand_ins.items()})
+    stand_ins.update(
+        {
+            f"{prefix}/{name}": value
+            for name, value in stand_ins.items()
+            for prefix in ("best", "before_divergence")
+        }
+    )
     return _table(rows, schema, stand_ins)
+
+
+def _diverged(
+    row: dict[str, Any],
+    reports: Sequence[Mapping[str, Any]],
+    metric_fields: Sequence[pa.Field],
+    scalar_metric_fields: Sequence[pa.Field],
+    metric: str,
+    mode: str,
+) -> None:
+    """The rule for a diverged trial: its final evaluation metrics (``<set>/...``) are null, since
+    the model that diverged gives no result (its arg-maxes over NaN read as 0.5 at step 1);
+    ``before_divergence/<metric>`` holds every scalar metric of the last report before the
+    divergent one whose objective was finite, ``before_divergence_iteration`` which that was.
+    ``train/...`` (averages over the finite iterations) and ``best/...`` are kept."""
+    for f in metric_fields:
+        if not f.name.startswith("train/"):
+            row[f.name] = None
+    stand_in = -WORST if mode == "max" else WORST
+    finite = [
+        r
+        for r in reports[:-1]
+        if isinstance(r.get(metric), (int, float)) and math.isfinite(r[metric]) and r[metric] != stand_in
+    ]
+    if finite:
+        row["before_divergence_iteration"] = finite[-1].get("iteration")
+        for f in scalar_metric_fields:
+            row[f"before_divergence/{f.name}"] = finite[-1].get(f.name)
 
 
 def history_table(records: Sequence[TrialRecord], objectives: Sequence[tuple[str, str]] = ()) -> pa.Table:

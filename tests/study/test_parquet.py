@@ -193,6 +193,41 @@ def test_only_the_objective_stand_in_is_null_every_other_value_is_kept() -> None
     assert hist["test/halted_accuracy"].iloc[0] == 0.5 and pd.isna(hist["test/halted_accuracy"].iloc[1])
 
 
+def test_a_diverged_trial_has_no_final_accuracy_and_keeps_the_last_finite_one() -> None:
+    from study.parquet import WORST
+
+    end = _report(30, -WORST, "diverged")
+    end["test/mean_halting_step"] = 1.0  # what an arg-max over NaN made of it before the fix
+    end["test/per_step_accuracy"] = [0.5, 0.5]
+    history = [_report(10, 0.55), _report(20, 0.6), end]
+    rec = TrialRecord("t", "TERMINATED", {"task": "parity"}, history)
+    row = trials_table([rec], "test/halted_accuracy", "max").to_pandas().iloc[0]
+    assert row["status"] == "diverged"
+    assert pd.isna(row["test/halted_accuracy"]) and pd.isna(row["test/mean_halting_step"])
+    assert row["test/per_step_accuracy"] is None
+    assert row["train/loss"] == 0.5  # the training averages are kept
+    assert row["before_divergence_iteration"] == 20
+    assert row["before_divergence/test/halted_accuracy"] == 0.6
+    assert row["before_divergence/test/mean_halting_step"] == 2.0
+
+
+def test_one_function_names_the_best_trial_a_diverged_one_never() -> None:
+    from study.parquet import leaderboard, ranked_trials
+
+    trials = pd.DataFrame(
+        {
+            "trial_id": ["a", "b", "c", "d", "e"],
+            "status": ["diverged", "completed", "running", "early_stopped", "errored"],
+            "test/halted_accuracy": [0.615, 0.55, 0.9, 0.6, 0.99],
+        }
+    )
+    board = leaderboard(trials, "test/halted_accuracy", "max")
+    assert list(board["trial_id"]) == ["d", "b", "c", "a", "e"]
+    assert (
+        board["trial_id"].iloc[0] == ranked_trials(trials, "test/halted_accuracy", "max")["trial_id"].iloc[0]
+    )
+
+
 def test_the_objective_stand_in_is_null_but_a_huge_config_value_is_kept() -> None:
     from study.parquet import WORST
 
