@@ -37,6 +37,7 @@ import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from functools import cached_property
 from typing import Any
 
@@ -304,6 +305,8 @@ def trials_table(
             pa.field("reports", pa.int64()),
             pa.field("nan_events", pa.int64()),
             pa.field("wall_time_s", pa.float64()),
+            pa.field("started_at", pa.timestamp("s", tz="UTC")),
+            pa.field("ended_at", pa.timestamp("s", tz="UTC")),
             pa.field("node_ip", pa.string()),
             pa.field("node_id", pa.string()),
             pa.field("gpu_ids", pa.string()),
@@ -336,8 +339,10 @@ def trials_table(
             "nan_events": last.get("nan_events", 0),
             "wall_time_s": last.get("time_total_s"),
             "node_ip": last.get("node_ip"),
+            "started_at": _started_at(reports),
+            "ended_at": _utc(last.get("timestamp")) if rec.status() not in ("running", "pending") else None,
             "node_id": last.get("node_id"),
-            "gpu_ids": last.get("gpu_ids"),
+            "gpu_ids": _gpu_ids(last.get("gpu_ids")),
             # every report made, a re-made one's first making included: a trial restarted from
             # scratch on another node (its only checkpoint lost with the node) still counts both
             "nodes": len({r["node_id"] for r in rec.history if r.get("node_id")}),
@@ -366,6 +371,36 @@ def trials_table(
         }
     )
     return _table(rows, schema, stand_ins)
+
+
+def _gpu_ids(value: Any) -> Any:
+    """Ray's GPU ids as the trainable joined them; "" (a CPU trial) is null: no GPU."""
+    return None if value is None or value == "" else value
+
+
+def _seconds(stamp: Any) -> float | None:
+    """Tune's ``timestamp`` (Unix seconds of a report; a UTC time once read back from Parquet)."""
+    if isinstance(stamp, datetime):
+        return stamp.timestamp()
+    if not isinstance(stamp, (int, float)) or isinstance(stamp, bool) or not math.isfinite(stamp):
+        return None
+    return float(stamp)
+
+
+def _utc(stamp: Any) -> datetime | None:
+    """A report's ``timestamp`` as a UTC time, to the second."""
+    seconds = _seconds(stamp)
+    return None if seconds is None else datetime.fromtimestamp(int(seconds), tz=UTC)
+
+
+def _started_at(reports: Sequence[Mapping[str, Any]]) -> datetime | None:
+    """When the trial started training: its first report's time less the time it had run by then."""
+    if not reports:
+        return None
+    stamp, ran = _seconds(reports[0].get("timestamp")), reports[0].get("time_total_s")
+    if stamp is None or not isinstance(ran, (int, float)) or not math.isfinite(ran):
+        return _utc(stamp)
+    return _utc(stamp - ran)
 
 
 def _diverged(
@@ -409,7 +444,7 @@ def history_table(records: Sequence[TrialRecord], objectives: Sequence[tuple[str
             pa.field("nan_events", pa.int64()),
             *(pa.field(k, pa.float64()) for k in TIMING_KEYS),
             pa.field("time_total_s", pa.float64()),
-            pa.field("timestamp", pa.int64()),
+            pa.field("timestamp", pa.timestamp("s", tz="UTC")),
             pa.field("node_ip", pa.string()),
             pa.field("node_id", pa.string()),
             pa.field("device", pa.string()),
@@ -420,7 +455,16 @@ def history_table(records: Sequence[TrialRecord], objectives: Sequence[tuple[str
     rows = []
     for rec in records:
         for n, r in enumerate(rec.reports, start=1):
-            rows.append({**r, "schema_version": SCHEMA_VERSION, "trial_id": rec.trial_id, "report": n})
+            rows.append(
+                {
+                    **r,
+                    "schema_version": SCHEMA_VERSION,
+                    "trial_id": rec.trial_id,
+                    "report": n,
+                    "timestamp": _utc(r.get("timestamp")),
+                    "gpu_ids": _gpu_ids(r.get("gpu_ids")),
+                }
+            )
     return _table(rows, schema, _stand_ins(objectives))
 
 

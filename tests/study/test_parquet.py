@@ -193,6 +193,21 @@ def test_only_the_objective_stand_in_is_null_every_other_value_is_kept() -> None
     assert hist["test/halted_accuracy"].iloc[0] == 0.5 and pd.isna(hist["test/halted_accuracy"].iloc[1])
 
 
+def test_times_are_utc_and_gpu_ids_null_on_a_cpu() -> None:
+    first, last = _report(10, 0.5), _report(20, 0.6, "completed")
+    first.update(timestamp=1_800_000_000, time_total_s=3.0, gpu_ids="")
+    last.update(timestamp=1_800_000_004, time_total_s=7.0, gpu_ids="")
+    rec = TrialRecord("t", "TERMINATED", {"task": "parity"}, [first, last])
+    row = trials_table([rec], "test/halted_accuracy", "max").to_pandas().iloc[0]
+    assert row["started_at"] == pd.Timestamp(1_800_000_000 - 3, unit="s", tz="UTC")
+    assert row["ended_at"] == pd.Timestamp(1_800_000_004, unit="s", tz="UTC")
+    assert pd.isna(row["gpu_ids"])  # null, not ""
+    hist = history_table([rec])
+    assert str(hist.schema.field("timestamp").type) == "timestamp[s, tz=UTC]"
+    again = TrialRecord("t", "TERMINATED", {"task": "parity"}, hist.to_pylist())  # a re-export
+    assert history_table([again]).column("timestamp").equals(hist.column("timestamp"))
+
+
 def test_a_diverged_trial_has_no_final_accuracy_and_keeps_the_last_finite_one() -> None:
     from study.parquet import WORST
 
