@@ -1,33 +1,30 @@
-"""The Parquet contract (schema version 2): one table of trials, one of reports, per study.
+"""The Parquet contract (schema version 3): one table of trials, one of reports, per study.
 
 ``trials/study=<name>/trials.parquet`` has one row per trial:
 
 - ``trial_id``, ``status`` (see `STATUSES`), ``task``, ``schema_version``;
 - every config field under its config name (``lambda_p``, ``beta``, ``max_steps``, ...; the
-  union over all tasks, null where a task has no such field; ``iterations`` is the budget);
-  ``device`` is the config's device as resolved on the node (``auto`` -> ``cpu``/``cuda:0 ...``);
-- ``iteration`` (training iterations run), ``reports``, ``nan_events``, ``wall_time_s``,
-  ``node_ip``, ``node_id``, ``gpu_ids`` (where the last report ran), ``nodes`` (how many
-  Ray nodes the trial's reports came from: more than 1 after a retry moved it),
-  ``checkpoint_path`` (a URI on remote storage), ``error``, ``retries`` (Tune's restarts of
-  the trial after a failure, each from its last checkpoint); ``pareto``: on the Pareto front
-  of the study's objectives (for a study of one accuracy: accuracy against mean halting step),
-  among the trials that ended with a result;
-- each metric's final value under its metric name (``test/halted_accuracy``,
-  ``train/loss``, ...), and ``best/<metric>``: every metric at the report where the study's
-  objective was best (``best_iteration`` says which); per-step accuracy and the halting
-  distribution as list columns (final report).
+  union over all tasks): the trial's whole configuration, its task's defaults filled in
+  (`ponder.config.resolve_config`), null only where the task has no such field; ``iterations``
+  is the budget; ``device`` is the config's device as resolved on the node;
+- ``iteration``, ``reports``, ``nan_events``, ``wall_time_s`` (seconds), ``started_at`` and
+  ``ended_at`` (UTC), ``node_ip``, ``node_id``, ``gpu_ids`` (where the last report ran; null on a
+  CPU), ``nodes``, ``checkpoint_path``, ``error``, ``retries``; ``pareto``: on the Pareto front
+  of the study's objectives among the trials that ended with a result;
+- each metric's final value under its metric name, ``best/<metric>`` at the report where the
+  objective was best (``best_iteration``); list columns for per-step accuracy and the halting
+  distribution. A diverged trial's final ``<set>/`` metrics are null (the model that diverged
+  gives no result); ``before_divergence/<metric>`` and ``before_divergence_iteration`` keep the
+  last report before it with a finite objective.
 
 ``history/study=<name>/history.parquet`` has one row per trial per report: ``trial_id``,
-``report`` (1, 2, ...), ``iteration``, ``outcome``, ``nan_events``, the timings, where it ran
-(``node_ip``, ``node_id``, ``device``, ``gpu_ids``), every metric.
+``report`` (1, 2, ...), ``iteration``, ``outcome``, ``nan_events``, the timings, ``timestamp``
+(UTC), where it ran, every metric.
 
-Version 2 added ``node_id``, ``nodes`` and ``pareto``; ``ponder-study export NAME`` rewrites an older study.
-
-Metric columns for the canonical evaluation sets (`CANONICAL_SETS`) are in every file, so
-``pd.read_parquet("results/trials")`` gives all of them for every study (pyarrow takes the
-columns of the first file it reads). A study with other sets has their columns in its own
-files: read those with ``pd.read_parquet("results/trials/study=<name>")``.
+Null: NaN, +-inf, and the objective's stand-in (`WORST`) in the objective's own columns; every
+other value is kept. Version 3 added the resolved config, the diverged rule and the times;
+``ponder-study export NAME`` rewrites an older study, and `fill_config_defaults` reads one.
+Every file of the dataset gets the dataset's one schema from `study.dataset` when written.
 """
 
 from __future__ import annotations
