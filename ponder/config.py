@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -19,6 +20,7 @@ __all__ = [
     "PonderConfig",
     "TaskConfig",
     "config_from_dict",
+    "resolve_config",
 ]
 
 
@@ -223,3 +225,25 @@ def config_from_dict(values: dict[str, Any]) -> TaskConfig:
     if "eval_rotations" in values and isinstance(values["eval_rotations"], list):
         values["eval_rotations"] = tuple(values["eval_rotations"])
     return cls(**values)
+
+
+def resolve_config(values: Mapping[str, Any]) -> dict[str, Any]:
+    """A run's whole configuration from the keys it was given (a Tune trial's params hold only the
+    keys its spec sets or searches): every field of its task's config, the dataclass default where
+    ``values`` has no such key, plus ``task``. The dataclass is the one source of defaults.
+
+    ``n_nonzero_max`` left at None (it means ``n_elems``) is written as the number it means, so
+    a row says what the trial trained on. Not validated: a stored config is reported as it was.
+    Keys that are not fields of the task are kept as they are; an unknown task gets no defaults.
+    """
+    task = values.get("task") or "parity"
+    cls = CONFIGS.get(str(task))
+    if cls is None:
+        return dict(values)
+    resolved: dict[str, Any] = {"task": task}
+    for f in dataclasses.fields(cls):
+        resolved[f.name] = values.get(f.name, None if f.default is dataclasses.MISSING else f.default)
+    resolved.update({k: v for k, v in values.items() if k not in resolved})
+    if cls is ParityConfig and resolved.get("n_nonzero_max") is None:
+        resolved["n_nonzero_max"] = resolved["n_elems"]
+    return resolved

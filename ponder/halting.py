@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 __all__ = [
+    "NO_STEP",
     "PriorTail",
     "expected_steps",
     "halting_distribution",
@@ -84,16 +85,26 @@ def log_geometric_prior(lambda_p: float, max_steps: int, tail: PriorTail = "reno
     return log_p.float()
 
 
+NO_STEP = -1
+"""What `sample_halting_step` returns for a sample whose p is not a distribution (NaN in it)."""
+
+
 def sample_halting_step(log_p: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-    """Draw a halting step n ~ p per sample; returns 0-based step indices ``[B]``.
+    """Draw a halting step n ~ p per sample; returns 0-based step indices ``[B]``, or `NO_STEP`
+    for a sample whose log p has a NaN, a +inf or no finite entry (a diverged model's).
 
     Sampling n from the categorical p is the same law as flipping Bernoulli(lambda_n) coins
     step by step until one lands, which is what `PonderNet.infer` does with real early exit.
+    An arg-max over NaN picks index 0: without the check a diverged model would "halt at step 1"
+    and look like the most frugal ponderer there is.
     """
     # Gumbel-max: argmax_n (log p_n + g_n), g ~ Gumbel(0, 1)                           # [N, B]
     u = torch.rand(log_p.shape, generator=generator, device=log_p.device, dtype=log_p.dtype)
     gumbel = -torch.log(-torch.log(u.clamp_min(torch.finfo(u.dtype).tiny)))
-    return torch.argmax(log_p + gumbel, dim=0)
+    step = torch.argmax(log_p + gumbel, dim=0)  # [B]
+    # a distribution: no NaN, no +inf, some step with p_n > 0                               # [B]
+    ok = ~(torch.isnan(log_p) | (log_p == math.inf)).any(dim=0) & torch.isfinite(log_p).any(dim=0)
+    return torch.where(ok, step, torch.full_like(step, NO_STEP))
 
 
 def expected_steps(log_p: torch.Tensor) -> torch.Tensor:

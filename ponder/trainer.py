@@ -185,13 +185,19 @@ class Trainer:
         for name, s in self.eval_sets.items():
             out = self.model(s.x)
             loss, rec, reg = self.loss(out, s.y)
-            step = sample_halting_step(out.log_p, gen)  # 0-based                         # [B]
-            correct = accuracy(out.y_hat, s.y)  # [N, B]
-            halted = correct.gather(0, step[None]).squeeze(0)  # correct at the halting step # [B]
+            step = sample_halting_step(out.log_p, gen)  # 0-based, NO_STEP if p has NaN  # [B]
+            n_steps, batch = out.log_p.shape
+            # a prediction with a NaN or inf logit is no answer: argmax/sign would still pick one
+            answered = torch.isfinite(out.y_hat.reshape(n_steps, batch, -1)).all(dim=-1)  # [N, B]
+            correct = accuracy(out.y_hat, s.y).masked_fill(~answered, math.nan)  # [N, B]
+            halted = correct.gather(0, step.clamp_min(0)[None]).squeeze(0)  # at the halting step # [B]
+            halts = bool((step >= 0).all())  # every sample has a halting distribution
             metrics.update(
                 {
-                    f"{name}/halted_accuracy": float(halted.mean()),
-                    f"{name}/mean_halting_step": float((step + 1).float().mean()),
+                    # NaN (null in Parquet) when the model's outputs are not finite: never the
+                    # 0.5 and step 1 that arg-maxes over NaN make of a diverged model
+                    f"{name}/halted_accuracy": float(halted.mean()) if halts else math.nan,
+                    f"{name}/mean_halting_step": float((step + 1).float().mean()) if halts else math.nan,
                     f"{name}/expected_steps": float(expected_steps(out.log_p).mean()),
                     f"{name}/per_step_accuracy": correct.mean(dim=1).tolist(),
                     f"{name}/halting_distribution": out.log_p.exp().mean(dim=1).tolist(),

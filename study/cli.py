@@ -177,8 +177,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _trials(paths: StudyPaths) -> pd.DataFrame | None:
+    """The study's trials table, an older schema's config nulls filled from the config's defaults."""
+    from study.parquet import fill_config_defaults
+
     table = read_table(paths.trials_parquet)
-    return None if table is None else table.to_pandas()
+    return None if table is None else fill_config_defaults(table.to_pandas())
 
 
 def resume_command(name: str, storage: str) -> str:
@@ -218,7 +221,9 @@ def summary(paths: StudyPaths, metric: str = "test/halted_accuracy", mode: str =
     counts = df["status"].value_counts()
     lines = [f"study {paths.name}: {len(df)} trials: " + ", ".join(f"{n} {s}" for s, n in counts.items())]
     columns = [c for c in dict.fromkeys([*SUMMARY_COLUMNS, metric]) if c in df.columns]
-    best = df.sort_values(metric, ascending=mode == "min", na_position="last").head(top)[columns]
+    from study.parquet import leaderboard  # what the report and evaluate call the best trial first
+
+    best = leaderboard(df, metric, mode).head(top)[columns]
     with pd.option_context(
         "display.width", 200, "display.max_columns", 20, "display.float_format", "{:.4g}".format
     ):

@@ -374,7 +374,7 @@ def _counted_infer(
 def _unroll_and_halt(model: PonderNet, x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     """The full unroll's answer: all ``max_steps``, then the prediction at a sampled halting step."""
     out = model(x)
-    step = sample_halting_step(out.log_p, generator)  # [B]
+    step = sample_halting_step(out.log_p, generator).clamp_min(0)  # [B]; NO_STEP only when p is NaN
     y_hat: torch.Tensor = out.y_hat[step, torch.arange(step.shape[0], device=step.device)]
     return y_hat
 

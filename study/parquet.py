@@ -1,33 +1,30 @@
-"""The Parquet contract (schema version 2): one table of trials, one of reports, per study.
+"""The Parquet contract (schema version 3): one table of trials, one of reports, per study.
 
 ``trials/study=<name>/trials.parquet`` has one row per trial:
 
 - ``trial_id``, ``status`` (see `STATUSES`), ``task``, ``schema_version``;
 - every config field under its config name (``lambda_p``, ``beta``, ``max_steps``, ...; the
-  union over all tasks, null where a task has no such field; ``iterations`` is the budget);
-  ``device`` is the config's device as resolved on the node (``auto`` -> ``cpu``/``cuda:0 ...``);
-- ``iteration`` (training iterations run), ``reports``, ``nan_events``, ``wall_time_s``,
-  ``node_ip``, ``node_id``, ``gpu_ids`` (where the last report ran), ``nodes`` (how many
-  Ray nodes the trial's reports came from: more than 1 after a retry moved it),
-  ``checkpoint_path`` (a URI on remote storage), ``error``, ``retries`` (Tune's restarts of
-  the trial after a failure, each from its last checkpoint); ``pareto``: on the Pareto front
-  of the study's objectives (for a study of one accuracy: accuracy against mean halting step),
-  among the trials that ended with a result;
-- each metric's final value under its metric name (``test/halted_accuracy``,
-  ``train/loss``, ...), and ``best/<metric>``: every metric at the report where the study's
-  objective was best (``best_iteration`` says which); per-step accuracy and the halting
-  distribution as list columns (final report).
+  union over all tasks): the trial's whole configuration, its task's defaults filled in
+  (`ponder.config.resolve_config`), null only where the task has no such field; ``iterations``
+  is the budget; ``device`` is the config's device as resolved on the node;
+- ``iteration``, ``reports``, ``nan_events``, ``wall_time_s`` (seconds), ``started_at`` and
+  ``ended_at`` (UTC), ``node_ip``, ``node_id``, ``gpu_ids`` (where the last report ran; null on a
+  CPU), ``nodes``, ``checkpoint_path``, ``error``, ``retries``; ``pareto``: on the Pareto front
+  of the study's objectives among the trials that ended with a result;
+- each metric's final value under its metric name, ``best/<metric>`` at the report where the
+  objective was best (``best_iteration``); list columns for per-step accuracy and the halting
+  distribution. A diverged trial's final ``<set>/`` metrics are null (the model that diverged
+  gives no result); ``before_divergence/<metric>`` and ``before_divergence_iteration`` keep the
+  last report before it with a finite objective.
 
 ``history/study=<name>/history.parquet`` has one row per trial per report: ``trial_id``,
-``report`` (1, 2, ...), ``iteration``, ``outcome``, ``nan_events``, the timings, where it ran
-(``node_ip``, ``node_id``, ``device``, ``gpu_ids``), every metric.
+``report`` (1, 2, ...), ``iteration``, ``outcome``, ``nan_events``, the timings, ``timestamp``
+(UTC), where it ran, every metric.
 
-Version 2 added ``node_id``, ``nodes`` and ``pareto``; ``ponder-study export NAME`` rewrites an older study.
-
-Metric columns for the canonical evaluation sets (`CANONICAL_SETS`) are in every file, so
-``pd.read_parquet("results/trials")`` gives all of them for every study (pyarrow takes the
-columns of the first file it reads). A study with other sets has their columns in its own
-files: read those with ``pd.read_parquet("results/trials/study=<name>")``.
+Null: NaN, +-inf, and the objective's stand-in (`WORST`) in the objective's own columns; every
+other value is kept. Version 3 added the resolved config, the diverged rule and the times;
+``ponder-study export NAME`` rewrites an older study, and `fill_config_defaults` reads one.
+Every file of the dataset gets the dataset's one schema from `study.dataset` when written.
 """
 
 from __future__ import annotations
@@ -37,6 +34,7 @@ import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from functools import cached_property
 from typing import Any
 
@@ -45,7 +43,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ponder.config import CONFIGS
+from ponder.config import CONFIGS, resolve_config
 from ponder.trainer import SET_LIST_METRICS, SET_METRICS, TIMING_KEYS, TRAIN_METRICS
 from study.pareto import pareto_mask
 
@@ -56,21 +54,25 @@ __all__ = [
     "STATUSES",
     "WORST",
     "TrialRecord",
+    "fill_config_defaults",
     "history_table",
+    "leaderboard",
     "pareto_marks",
     "parse_result_lines",
     "ranked_trials",
     "trials_table",
 ]
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 STATUSES = ("completed", "early_stopped", "diverged", "errored", "running", "pending")
 ENDED_WITH_RESULT = ("completed", "early_stopped")
 """The statuses of trials that ended with a result: those ranked, put on a Pareto front, evaluated."""
 
 WORST = 1e30
 """Magnitude of the trainable's stand-in for a non-finite objective (-WORST when maximising,
-+WORST when minimising): never a real value, so the Parquet shows it as null."""
++WORST when minimising): never a real value, so the Parquet shows it as null. Only in the
+objective's own columns, and only that exact value: any other metric keeps every finite value
+(a loss of 1.15e30 after a learning rate of 1e30 is a real, if dreadful, number)."""
 CANONICAL_SETS = ("test", "easy", "hard", "extrapolation", "rot22.5", "rot45", "rot67.5", "rot90")
 
 
@@ -218,6 +220,35 @@ def pareto_marks(rows: Sequence[Mapping[str, Any]], objectives: Sequence[tuple[s
     return marks
 
 
+def fill_config_defaults(trials: pd.DataFrame) -> pd.DataFrame:
+    """A trials table as schema 3 writes it, from any version: rows of schema 1 or 2 have a config
+    field only where the study's spec set or searched it; their nulls get the task config's
+    default (`resolve_config`, the one source). What readers use until ``ponder-study export``
+    rewrites the files; a schema-3 table comes back as it is."""
+    if "schema_version" not in trials.columns or "task" not in trials.columns:
+        return trials
+    old = pd.to_numeric(trials["schema_version"], errors="coerce").fillna(0) < 3
+    if not old.any():
+        return trials
+    trials = trials.copy()
+    fields = [name for name in CONFIG_FIELDS if name in trials.columns]
+    for index in trials.index[old.to_numpy()]:
+        given = {name: trials.at[index, name] for name in ["task", *fields]}
+        given = {k: v for k, v in given.items() if not _missing(v)}
+        for name, value in resolve_config(given).items():
+            if name in fields and name not in given and value is not None:
+                if trials[name].dtype != object and isinstance(value, (str, tuple, list)):
+                    trials[name] = trials[name].astype(object)
+                trials.at[index, name] = list(value) if isinstance(value, tuple) else value
+    return trials
+
+
+def _missing(value: Any) -> bool:
+    if isinstance(value, (list, tuple, np.ndarray)):
+        return False
+    return bool(pd.isna(value))
+
+
 def ranked_trials(trials: pd.DataFrame, metric: str, mode: str) -> pd.DataFrame:
     """Rows of a trials table that ended with a result (`ENDED_WITH_RESULT`) and a finite
     ``metric``, best first; ties are broken by trial id so the order is the same on every read.
@@ -230,14 +261,33 @@ def ranked_trials(trials: pd.DataFrame, metric: str, mode: str) -> pd.DataFrame:
     return ok.sort_values([metric, "trial_id"], ascending=[mode == "min", True], kind="mergesort")
 
 
+def leaderboard(trials: pd.DataFrame, metric: str, mode: str) -> pd.DataFrame:
+    """Every row of a trials table, `ranked_trials` first (so the first row is the best trial
+    wherever one is named: ``status``, the run's summary, the report, ``evaluate``), then running
+    trials by ``metric`` (leaders of a study in progress, not yet results), then the rest (diverged,
+    errored, pending, stopped without a value) by trial id."""
+    ranked = ranked_trials(trials, metric, mode)
+    rest = trials.drop(index=ranked.index)
+    if metric in rest.columns and "status" in rest.columns:
+        running = rest[rest["status"] == "running"].sort_values(
+            [metric, "trial_id"], ascending=[mode == "min", True], na_position="last", kind="mergesort"
+        )
+        others = rest.drop(index=running.index).sort_values("trial_id", kind="mergesort")
+        rest = pd.concat([running, others])
+    return pd.concat([ranked, rest])
+
+
 def trials_table(
     records: Sequence[TrialRecord],
     metric: str,
     mode: str,
     front: Sequence[tuple[str, str]] = (),
+    objectives: Sequence[tuple[str, str]] | None = None,
 ) -> pa.Table:
     """One row per trial (see the module docstring for the columns); ``metric``/``mode`` is the
-    objective "best" means, ``front`` the (metric, mode) pairs of the ``pareto`` column."""
+    objective "best" means, ``front`` the (metric, mode) pairs of the ``pareto`` column,
+    ``objectives`` the (metric, mode) pairs the trainable reports a stand-in for (default: the
+    primary objective and ``front``'s)."""
     sets = _sets(records)
     metric_fields = _metric_fields(sets)
     scalar_metric_fields = [f for f in metric_fields if not pa.types.is_list(f.type)]
@@ -252,6 +302,8 @@ def trials_table(
             pa.field("reports", pa.int64()),
             pa.field("nan_events", pa.int64()),
             pa.field("wall_time_s", pa.float64()),
+            pa.field("started_at", pa.timestamp("s", tz="UTC")),
+            pa.field("ended_at", pa.timestamp("s", tz="UTC")),
             pa.field("node_ip", pa.string()),
             pa.field("node_id", pa.string()),
             pa.field("gpu_ids", pa.string()),
@@ -263,6 +315,8 @@ def trials_table(
             *metric_fields,
             pa.field("best_iteration", pa.int64()),
             *(pa.field(f"best/{f.name}", f.type) for f in scalar_metric_fields),
+            pa.field("before_divergence_iteration", pa.int64()),
+            *(pa.field(f"before_divergence/{f.name}", f.type) for f in scalar_metric_fields),
         ]
     )
     rows = []
@@ -270,19 +324,22 @@ def trials_table(
         reports = rec.reports
         last = reports[-1] if reports else {}
         best = max(reports, key=_objective_key(metric, mode)) if reports else {}
+        config = resolve_config(rec.config)  # Tune's params hold only what the spec sets or searches
         row: dict[str, Any] = {
             "schema_version": SCHEMA_VERSION,
             "trial_id": rec.trial_id,
             "status": rec.status(),
-            "task": rec.config.get("task"),
-            **{name: rec.config.get(name) for name in CONFIG_FIELDS},
+            "task": config.get("task"),
+            **{name: config.get(name) for name in CONFIG_FIELDS},
             "iteration": last.get("iteration", 0),
             "reports": len(reports),
             "nan_events": last.get("nan_events", 0),
             "wall_time_s": last.get("time_total_s"),
             "node_ip": last.get("node_ip"),
+            "started_at": _started_at(reports),
+            "ended_at": _utc(last.get("timestamp")) if rec.status() not in ("running", "pending") else None,
             "node_id": last.get("node_id"),
-            "gpu_ids": last.get("gpu_ids"),
+            "gpu_ids": _gpu_ids(last.get("gpu_ids")),
             # every report made, a re-made one's first making included: a trial restarted from
             # scratch on another node (its only checkpoint lost with the node) still counts both
             "nodes": len({r["node_id"] for r in rec.history if r.get("node_id")}),
@@ -297,14 +354,83 @@ def trials_table(
             row[f.name] = last.get(f.name)
         for f in scalar_metric_fields:
             row[f"best/{f.name}"] = best.get(f.name)
+        if row["status"] == "diverged":
+            _diverged(row, reports, metric_fields, scalar_metric_fields, metric, mode)
         rows.append(row)
     for row, on_front in zip(rows, pareto_marks(rows, front), strict=True):
         row["pareto"] = on_front
-    return _table(rows, schema)
+    stand_ins = _stand_ins([(metric, mode), *front] if objectives is None else objectives)
+    stand_ins.update(
+        {
+            f"{prefix}/{name}": value
+            for name, value in stand_ins.items()
+            for prefix in ("best", "before_divergence")
+        }
+    )
+    return _table(rows, schema, stand_ins)
 
 
-def history_table(records: Sequence[TrialRecord]) -> pa.Table:
-    """One row per trial per report (see the module docstring for the columns)."""
+def _gpu_ids(value: Any) -> Any:
+    """Ray's GPU ids as the trainable joined them; "" (a CPU trial) is null: no GPU."""
+    return None if value is None or value == "" else value
+
+
+def _seconds(stamp: Any) -> float | None:
+    """Tune's ``timestamp`` (Unix seconds of a report; a UTC time once read back from Parquet)."""
+    if isinstance(stamp, datetime):
+        return stamp.timestamp()
+    if not isinstance(stamp, (int, float)) or isinstance(stamp, bool) or not math.isfinite(stamp):
+        return None
+    return float(stamp)
+
+
+def _utc(stamp: Any) -> datetime | None:
+    """A report's ``timestamp`` as a UTC time, to the second."""
+    seconds = _seconds(stamp)
+    return None if seconds is None else datetime.fromtimestamp(int(seconds), tz=UTC)
+
+
+def _started_at(reports: Sequence[Mapping[str, Any]]) -> datetime | None:
+    """When the trial started training: its first report's time less the time it had run by then."""
+    if not reports:
+        return None
+    stamp, ran = _seconds(reports[0].get("timestamp")), reports[0].get("time_total_s")
+    if stamp is None or not isinstance(ran, (int, float)) or not math.isfinite(ran):
+        return _utc(stamp)
+    return _utc(stamp - ran)
+
+
+def _diverged(
+    row: dict[str, Any],
+    reports: Sequence[Mapping[str, Any]],
+    metric_fields: Sequence[pa.Field],
+    scalar_metric_fields: Sequence[pa.Field],
+    metric: str,
+    mode: str,
+) -> None:
+    """The rule for a diverged trial: its final evaluation metrics (``<set>/...``) are null, since
+    the model that diverged gives no result (its arg-maxes over NaN read as 0.5 at step 1);
+    ``before_divergence/<metric>`` holds every scalar metric of the last report before the
+    divergent one whose objective was finite, ``before_divergence_iteration`` which that was.
+    ``train/...`` (averages over the finite iterations) and ``best/...`` are kept."""
+    for f in metric_fields:
+        if not f.name.startswith("train/"):
+            row[f.name] = None
+    stand_in = -WORST if mode == "max" else WORST
+    finite = [
+        r
+        for r in reports[:-1]
+        if isinstance(r.get(metric), (int, float)) and math.isfinite(r[metric]) and r[metric] != stand_in
+    ]
+    if finite:
+        row["before_divergence_iteration"] = finite[-1].get("iteration")
+        for f in scalar_metric_fields:
+            row[f"before_divergence/{f.name}"] = finite[-1].get(f.name)
+
+
+def history_table(records: Sequence[TrialRecord], objectives: Sequence[tuple[str, str]] = ()) -> pa.Table:
+    """One row per trial per report (see the module docstring for the columns); ``objectives``:
+    the (metric, mode) pairs the trainable reports a stand-in for, null here."""
     schema = pa.schema(
         [
             pa.field("schema_version", pa.int32()),
@@ -315,7 +441,7 @@ def history_table(records: Sequence[TrialRecord]) -> pa.Table:
             pa.field("nan_events", pa.int64()),
             *(pa.field(k, pa.float64()) for k in TIMING_KEYS),
             pa.field("time_total_s", pa.float64()),
-            pa.field("timestamp", pa.int64()),
+            pa.field("timestamp", pa.timestamp("s", tz="UTC")),
             pa.field("node_ip", pa.string()),
             pa.field("node_id", pa.string()),
             pa.field("device", pa.string()),
@@ -326,12 +452,27 @@ def history_table(records: Sequence[TrialRecord]) -> pa.Table:
     rows = []
     for rec in records:
         for n, r in enumerate(rec.reports, start=1):
-            rows.append({**r, "schema_version": SCHEMA_VERSION, "trial_id": rec.trial_id, "report": n})
-    return _table(rows, schema)
+            rows.append(
+                {
+                    **r,
+                    "schema_version": SCHEMA_VERSION,
+                    "trial_id": rec.trial_id,
+                    "report": n,
+                    "timestamp": _utc(r.get("timestamp")),
+                    "gpu_ids": _gpu_ids(r.get("gpu_ids")),
+                }
+            )
+    return _table(rows, schema, _stand_ins(objectives))
 
 
-def _table(rows: list[dict[str, Any]], schema: pa.Schema) -> pa.Table:
-    """Rows to a table of ``schema``, non-finite numbers (and metric stand-ins) as nulls.
+def _stand_ins(objectives: Iterable[tuple[str, str]]) -> dict[str, float]:
+    """Column -> the trainable's stand-in for a non-finite value of that objective."""
+    return {metric: -WORST if mode == "max" else WORST for metric, mode in objectives}
+
+
+def _table(rows: list[dict[str, Any]], schema: pa.Schema, stand_ins: Mapping[str, float]) -> pa.Table:
+    """Rows to a table of ``schema``, non-finite numbers (and the objectives' stand-ins: column ->
+    value) as nulls; every other value is kept as it is.
 
     Arrow converts whole columns at once; if it refuses a value as the column's type (a float
     where an int goes), every value is converted first. Nulls follow one rule either way."""
@@ -344,18 +485,17 @@ def _table(rows: list[dict[str, Any]], schema: pa.Schema) -> pa.Table:
         if pa.types.is_floating(f.type) or (
             pa.types.is_list(f.type) and pa.types.is_floating(f.type.value_type)
         ):
-            table = table.set_column(
-                i, f, _nulls_for_non_finite(table.column(i).combine_chunks(), "/" in f.name)
-            )
+            column = _nulls_for_non_finite(table.column(i).combine_chunks(), stand_ins.get(f.name))
+            table = table.set_column(i, f, column)
     return table
 
 
-def _nulls_for_non_finite(column: pa.Array, metric: bool) -> pa.Array:
-    """NaN and +-inf (and, in a metric column, the +-WORST stand-in) become null."""
+def _nulls_for_non_finite(column: pa.Array, stand_in: float | None) -> pa.Array:
+    """NaN and +-inf (and, in an objective's column, its stand-in value) become null."""
     if isinstance(column, pa.ListArray):
-        values = _nulls_for_non_finite(column.values, metric)
+        values = _nulls_for_non_finite(column.values, stand_in)
         return pa.ListArray.from_arrays(column.offsets, values, mask=column.is_null())
     bad = pc.invert(pc.is_finite(column))
-    if metric:
-        bad = pc.or_(bad, pc.greater_equal(pc.abs(column), WORST))
+    if stand_in is not None:
+        bad = pc.or_(bad, pc.equal(column, stand_in))
     return pc.if_else(pc.fill_null(bad, False), pa.nulls(len(column), column.type), column)

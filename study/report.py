@@ -40,7 +40,7 @@ from matplotlib.patches import Patch
 
 from ponder.config import CONFIGS
 from ponder.halting import PriorTail, log_geometric_prior
-from study.parquet import pareto_marks, ranked_trials
+from study.parquet import fill_config_defaults, pareto_marks, ranked_trials
 from study.spec import NAME_PATTERN, SpecError, StudySpec, parse_spec
 from study.storage import StudyPaths, is_remote, join, read_bytes, read_json, read_table, write_bytes
 
@@ -210,37 +210,13 @@ def _load(name: str, storage: str) -> _Study:
             f"study {name!r} under {storage} has no trials Parquet yet: wait for a trial to end, "
             f"or write it from the Tune experiment with `ponder-study export {name}{flag}`"
         )
-    trials = _with_config_defaults(table.to_pandas(), spec)
+    trials = fill_config_defaults(table.to_pandas())  # a schema-2 study's nulls too
     history_table = read_table(paths.history_parquet)
     history = None if history_table is None else history_table.to_pandas()
     set_name = spec.metric.partition("/")[0]
     if set_name == "train" or f"{set_name}/halted_accuracy" not in trials.columns:
         set_name = "test"  # a study on a training loss: plot the test set's halting
     return _Study(name, spec, paths, trials, history, read_json(paths.asha), set_name)
-
-
-def _with_config_defaults(trials: pd.DataFrame, spec: StudySpec) -> pd.DataFrame:
-    """The trials with their fixed and default config values filled in: the Parquet has a config
-    field only where the study set it (``prior_tail`` is null in a study that left it alone), and
-    a legend should say ``beta=0.01`` rather than ``n/a``."""
-    trials = trials.copy()
-    for f in dataclasses.fields(CONFIGS[spec.task]):
-        value = spec.config.get(f.name, f.default)
-        if (
-            f.name not in trials.columns
-            or not isinstance(value, int | float | str)
-            or isinstance(value, bool)
-        ):
-            continue
-        column = trials[f.name]
-        missing = column.isna()
-        if isinstance(value, str):
-            fits = pd.api.types.is_string_dtype(column) or column.dtype == object
-        else:
-            fits = pd.api.types.is_numeric_dtype(column) or column.dtype == object
-        if missing.any() and fits:
-            trials.loc[missing, f.name] = value
-    return trials
 
 
 def _config_default(task: str, name: str) -> Any:

@@ -36,6 +36,7 @@ from ray import tune
 from ray.tune import Callback, CLIReporter
 from ray.tune.experiment import Trial
 
+from study.dataset import write_study_table
 from study.launch import crash_handler_back_for_ray_processes
 from study.lease import hold_lease
 from study.parquet import TrialRecord, history_table, parse_result_lines, trials_table
@@ -61,7 +62,6 @@ from study.storage import (
     to_uri,
     trial_reports,
     write_bytes,
-    write_parquet,
 )
 from study.trainable import fault_iteration, train_trial
 
@@ -210,11 +210,11 @@ def write_tables(
     known = {t.trial_id for t in trials}
     for trial_id in sorted(set(ends) - known):  # ended, but not (yet) in Tune's state: never lost
         records.append(_record_from_end(paths, ends[trial_id], cache.exported.get(trial_id, [])))
-    table = trials_table(records, spec.metric, spec.mode, spec.front_objectives)
+    table = trials_table(records, spec.metric, spec.mode, spec.front_objectives, spec.objectives)
     # history first: a driver killed between the two writes leaves every trial the trials file
     # shows (an ended one included) with its reports in history, never the other way round
-    write_parquet(paths.history_parquet, history_table(records))
-    write_parquet(paths.trials_parquet, table)
+    write_study_table(paths, "history", history_table(records, spec.objectives))
+    write_study_table(paths, "trials", table)  # both with their dataset's one schema
     return records
 
 

@@ -838,6 +838,13 @@ def check_name(name: Any, key: str) -> None:
             "(A-Z, a-z), digits, '.', '_' and '-' (it names a directory and a Parquet partition); "
             "give another --name or rename the spec file",
         )
+    if not any(c.isalpha() for c in name):
+        _fail(
+            key,
+            f"study name {name!r} must hold a letter: readers infer the study=<name> partition's type "
+            "(pandas reads study=007 as the number 7, DuckDB and polars may read 2024-01-01 as a date); "
+            f"give another --name, say 'study-{name}'",
+        )
     if len(name) > MAX_NAME_LENGTH:
         _fail(
             key,

@@ -106,3 +106,13 @@ def test_sampled_halting_steps_follow_p() -> None:
 def test_expected_steps_counts_from_one() -> None:
     p = torch.tensor([[0.5], [0.25], [0.25]])
     assert expected_steps(p.log()).item() == pytest.approx(0.5 + 0.5 + 0.75)
+
+
+def test_a_nan_distribution_never_halts_at_step_1() -> None:
+    """An arg-max over NaN picks index 0: a diverged model would look like a one-step ponderer."""
+    from ponder.halting import NO_STEP
+
+    log_p = torch.tensor([[math.nan, -0.1, -math.inf], [math.nan, -2.0, -math.inf]])  # [N=2, B=3]
+    steps = sample_halting_step(log_p, torch.Generator().manual_seed(0))
+    assert steps[0] == NO_STEP and steps[2] == NO_STEP  # NaN; no step with p > 0
+    assert steps[1] in (0, 1)

@@ -206,3 +206,15 @@ def test_short_mnist_run_learns_real_digits() -> None:
     last = history[-1]
     assert last["test/halted_accuracy"] >= 0.85, last["test/halted_accuracy"]
     assert last["rot90/halted_accuracy"] < last["test/halted_accuracy"]  # rotation hurts, as in the seeds
+
+
+def test_a_model_with_nan_weights_has_no_accuracy_and_no_halting_step() -> None:
+    """Not 0.5 at step 1, what arg-maxes over NaN logits and NaN log p would make of it."""
+    trainer = Trainer(ParityConfig(**TINY))
+    with torch.no_grad():
+        for p in trainer.model.parameters():
+            p.fill_(math.nan)
+    metrics = trainer.evaluate()
+    for name in ("halted_accuracy", "mean_halting_step", "expected_steps"):
+        assert math.isnan(metrics[f"test/{name}"]), name
+    assert all(math.isnan(v) for v in metrics["test/per_step_accuracy"])

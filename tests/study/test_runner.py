@@ -177,6 +177,14 @@ def test_a_diverged_trial_fails_in_optuna_and_the_study_goes_on(tmp_path: Path) 
     assert len(bad) >= 1 and len(good) >= 1, "seed 1 should draw both learning rates"
     assert (bad["status"] == "diverged").all()
     assert (bad["nan_events"] > 3).all()
+    # the diverged model's arg-maxes over NaN are no result: not 0.5 accuracy at step 1
+    assert bad["test/halted_accuracy"].isna().all() and bad["test/mean_halting_step"].isna().all()
+    assert bad["hard/halted_accuracy"].isna().all()
+    hist = history(tmp_path, "diverging")  # every report as measured, the divergent one labelled
+    assert (hist["outcome"] == "diverged").sum() == len(bad)
+    lines = done.stdout.splitlines()
+    top = lines[next(i for i, ln in enumerate(lines) if ln.startswith("top ")) + 2].split()[0]
+    assert top in set(good.index), done.stdout  # the summary's best is the report's and evaluate's
     assert (good["status"] == "completed").all() and (good["nan_events"] == 0).all()
     study = _optuna(tmp_path, "diverging")
     by_lr = {t.params["lr"]: t.state for t in study.trials}

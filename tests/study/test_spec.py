@@ -457,6 +457,13 @@ def test_a_bad_name_is_refused() -> None:
         parse_spec(make(), "my study")
 
 
+@pytest.mark.parametrize("name", ["007", "2024-01-01", "1.5"])
+def test_a_name_without_a_letter_is_refused(name: str) -> None:
+    """pandas reads study=007 back as the number 7: the partition's type is inferred."""
+    with pytest.raises(SpecError, match=r"^name: .*must hold a letter"):
+        parse_spec(make(), name)
+
+
 def test_spec_errors_survive_pickling() -> None:  # Ray ships exceptions between processes
     with pytest.raises(SpecError) as info:
         parse_spec(make(search="[search]\nnum_samples = 0"), "bad")

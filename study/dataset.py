@@ -1,0 +1,101 @@
+"""One schema for the whole ``trials/`` (and ``history/``) dataset, whatever studies it holds.
+
+Every reader of a directory of Parquet files takes its columns from one file: pandas and
+``pyarrow.dataset`` from the first in sort order (a later file's extra columns are dropped),
+DuckDB too unless told ``union_by_name``, and polars refuses files that differ (SchemaError).
+None of them reads a ``_common_metadata`` file on its own (measured, pyarrow 26, polars 2.1,
+DuckDB 2.0: see ``docs/parquet.md``). So the only layout every plain one-liner reads whole is
+one where every study's file has the same columns in the same order.
+
+The dataset's schema is kept in ``<dataset>/_common_metadata`` (a Parquet footer without rows;
+readers skip files whose name starts with ``_``): the union of every column any study has
+written. A study writes its table with exactly that schema (columns it lacks as nulls); when its
+table brings new columns (an evaluation set no other study has, ``rot30/...``), it extends the
+schema file and adds the new columns, as nulls, to every other study's file, each under that
+study's lease (`study.lease.hold_lease`): a study whose lease is held (its driver is running)
+is left to add them at its own next write, which reads the schema file first.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from study.lease import LeaseHeld, hold_lease
+from study.storage import StudyPaths, join, read_bytes, read_table, resolve, write_bytes, write_parquet
+
+__all__ = ["COMMON_METADATA", "conform", "dataset_schema", "write_study_table"]
+
+COMMON_METADATA = "_common_metadata"
+"""The dataset's schema file, beside the ``study=<name>`` directories."""
+
+
+def dataset_schema(dataset: str) -> pa.Schema | None:
+    """The schema every file of ``dataset`` (``<root>/trials`` or ``<root>/history``) has, if
+    one was written."""
+    data = read_bytes(join(dataset, COMMON_METADATA))
+    return None if data is None else pq.read_schema(pa.BufferReader(data))
+
+
+def _union(schema: pa.Schema | None, table: pa.Table) -> pa.Schema:
+    """``schema``'s columns in its order, then ``table``'s new ones in theirs; a column's type is
+    the dataset's (a study written by an older schema may differ: its values are cast)."""
+    if schema is None:
+        return pa.schema(list(table.schema))
+    known = set(schema.names)
+    return pa.schema([*schema, *(f for f in table.schema if f.name not in known)])
+
+
+def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    """``table`` with exactly ``schema``'s columns, in its order: a column it lacks is null."""
+    columns = []
+    for f in schema:
+        if f.name in table.column_names:
+            column = table.column(f.name)
+            columns.append(column if column.type == f.type else column.cast(f.type, safe=False))
+        else:
+            columns.append(pa.nulls(table.num_rows, f.type))
+    return pa.Table.from_arrays(columns, schema=pa.schema(list(schema)))
+
+
+def write_study_table(paths: StudyPaths, kind: str, table: pa.Table) -> None:
+    """Write study ``paths.name``'s ``kind`` table (``trials`` or ``history``) atomically with the
+    dataset's schema, extending it (and widening every other idle study's file) when ``table``
+    has columns the dataset has not seen. The caller holds the study's own lease."""
+    dataset = join(paths.root, kind)
+    current = dataset_schema(dataset)
+    schema = _union(current, table)
+    write_parquet(join(dataset, f"study={paths.name}", f"{kind}.parquet"), conform(table, schema))
+    if current is not None and schema.names == current.names:
+        return
+    sink = pa.BufferOutputStream()
+    pq.write_metadata(schema, sink)
+    write_bytes(join(dataset, COMMON_METADATA), sink.getvalue().to_pybytes())
+    for name in _studies(dataset):
+        if name != paths.name:
+            _widen(StudyPaths(paths.root, name), kind, schema)
+
+
+def _studies(dataset: str) -> list[str]:
+    fs, path = resolve(dataset)
+    if fs.get_file_info(path).type != pafs.FileType.Directory:
+        return []
+    names = []
+    for info in fs.get_file_info(pafs.FileSelector(path)):
+        base = info.path.rstrip("/").rsplit("/", 1)[-1]
+        if info.type == pafs.FileType.Directory and base.startswith("study="):
+            names.append(base.removeprefix("study="))
+    return sorted(names)
+
+
+def _widen(other: StudyPaths, kind: str, schema: pa.Schema) -> None:
+    """Give another study's file the dataset's columns (its own values unchanged), under its lease;
+    skipped while its driver holds the lease: that driver conforms at its next write."""
+    uri = join(other.root, kind, f"study={other.name}", f"{kind}.parquet")
+    with contextlib.suppress(LeaseHeld), hold_lease(other, "export"):
+        table = read_table(uri)
+        if table is not None and table.schema.names != schema.names:
+            write_parquet(uri, conform(table, schema))
