@@ -36,12 +36,14 @@ fashion-mnist:  ## Debian's Fashion-MNIST IDX files, for the reader's test (best
 		echo "could not install dataset-fashion-mnist: its test will be skipped"; \
 	else echo "no root or apt-get: the Fashion-MNIST test will be skipped"; fi
 
-# Most of a study test's time is spent waiting on Ray and on subprocesses, not computing: three
-# test processes on two cores (a cluster module's tests stay in one, `xdist_group`)
+# Much of a study test's time is spent waiting on Ray and on subprocesses: three test processes
+# on two cores (a cluster module's tests stay in one, `xdist_group`). One OpenMP thread per
+# process: torch's spinning pool threads burn the cores the other processes need (trials set
+# their own thread count).
 PYTEST_WORKERS ?= 3
 
 pytest: $(STAMP) fashion-mnist  ## the test suite on $(PYTEST_WORKERS) processes (the 15 slowest tests listed at the end)
-	$(BIN)/pytest -q --durations=15 -n $(PYTEST_WORKERS) --dist loadgroup
+	OMP_NUM_THREADS=1 $(BIN)/pytest -q --durations=15 -n $(PYTEST_WORKERS) --dist loadgroup
 
 test: lint typecheck pytest  ## everything CI runs: lint, types, tests
 
