@@ -7,17 +7,22 @@ import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
-from ponder.halting import PriorTail
-from ponder.losses import KLDirection
+PriorTail = Literal["renormalise", "last_step", "truncate"]
+"""How the geometric prior's mass beyond step N is treated (`ponder.halting.log_geometric_prior`)."""
+KLDirection = Literal["forward", "reverse"]
+"""``forward``: KL(p || p_G), the paper's. ``reverse``: KL(p_G || p), the seeds' (labml) one
+(`ponder.losses.kl_to_prior`)."""
 
 __all__ = [
     "CONFIGS",
     "ConfigError",
+    "KLDirection",
     "MnistConfig",
     "ParityConfig",
     "PonderConfig",
+    "PriorTail",
     "TaskConfig",
     "config_from_dict",
     "resolve_config",

@@ -10,10 +10,11 @@ Shapes: N = max_steps, B = batch size. Step tensors are step-major, ``[N, B]``.
 from __future__ import annotations
 
 import math
-from typing import Literal
 
 import torch
 import torch.nn.functional as F
+
+from ponder.config import PriorTail
 
 __all__ = [
     "NO_STEP",
@@ -24,9 +25,6 @@ __all__ = [
     "log_halting_distribution",
     "sample_halting_step",
 ]
-
-PriorTail = Literal["renormalise", "last_step", "truncate"]
-"""How the geometric prior's mass beyond step N is treated (see `log_geometric_prior`)."""
 
 
 def log_halting_distribution(lambda_logits: torch.Tensor) -> torch.Tensor:

@@ -9,10 +9,10 @@ Shapes: N = max_steps, B = batch size.
 
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
 import torch.nn.functional as F
+
+from ponder.config import KLDirection
 
 __all__ = [
     "KLDirection",
@@ -20,9 +20,6 @@ __all__ = [
     "per_step_cross_entropy",
     "reconstruction_loss",
 ]
-
-KLDirection = Literal["forward", "reverse"]
-"""``forward``: KL(p || p_G), the paper's. ``reverse``: KL(p_G || p), the seeds' (labml) one."""
 
 
 def per_step_cross_entropy(y_hat: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

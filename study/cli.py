@@ -193,7 +193,7 @@ def resume_command(name: str, storage: str) -> str:
 
 
 def _warm_start(name: str, storage: str, spec: StudySpec, top: int) -> list[dict[str, object]]:
-    from study.runner import load_study_spec
+    from study.records import load_study_spec
     from study.warmstart import warm_start_points
 
     earlier, paths = load_study_spec(name, storage)
@@ -440,14 +440,16 @@ def _read(args: argparse.Namespace, storage: str) -> int:
             result = evaluate_trial(args.name, storage, args.trial, device=args.device, repeats=args.repeats)
             print(format_evaluation(result))
             return 0
-        from study import runner  # imports Ray (without starting it)
+        from study.records import StudyError, load_study_spec
 
-        refused += (runner.StudyError,)
+        refused += (StudyError,)
         if args.command == "export":
+            from study import runner  # imports Ray (without starting it): Tune reads its experiment
+
             paths = runner.export(args.name, storage)
             print(f"wrote {paths.trials_parquet} and {paths.history_parquet}")
             return 0
-        spec, paths = runner.load_study_spec(args.name, storage)  # status
+        spec, paths = load_study_spec(args.name, storage)  # status: the records alone, no Ray
         print(summary(paths, spec.metric, spec.mode))
         return 0
     except OSError as e:  # pyarrow's errors reaching a remote storage (credentials, bucket, network)

@@ -44,7 +44,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ponder.config import CONFIGS, resolve_config
-from ponder.trainer import SET_LIST_METRICS, SET_METRICS, TIMING_KEYS, TRAIN_METRICS
+from ponder.metrics import SET_LIST_METRICS, SET_METRICS, TIMING_KEYS, TRAIN_METRICS
 from study.pareto import pareto_mask
 
 __all__ = [

@@ -24,9 +24,36 @@ from typing import Any
 import pyarrow.fs as pafs
 
 from study.parquet import parse_result_lines
+from study.spec import StudySpec, parse_spec
 from study.storage import StudyPaths, create_bytes, read_bytes, read_json, resolve, trial_reports
 
-__all__ = ["OUTCOMES", "EndRecord", "has_ended", "read_end_records", "relative_to_root", "write_end_record"]
+
+class StudyError(RuntimeError):
+    """A study that cannot be run, resumed or exported as asked; the message says what to do."""
+
+
+def load_study_spec(name: str, storage: str) -> tuple[StudySpec, StudyPaths]:
+    """The spec a study was started with, read from its directory (no Ray: `status` needs it)."""
+    paths = StudyPaths(storage, name)
+    source = read_bytes(paths.spec)
+    if source is None:
+        raise StudyError(
+            f"no study named {name!r} under {storage}: `ponder-study list` shows the studies there"
+        )
+    spec = parse_spec(source.decode(), name).with_overrides(name=name, storage=storage)
+    return spec, paths
+
+
+__all__ = [
+    "OUTCOMES",
+    "EndRecord",
+    "StudyError",
+    "has_ended",
+    "load_study_spec",
+    "read_end_records",
+    "relative_to_root",
+    "write_end_record",
+]
 
 OUTCOMES = ("completed", "early_stopped", "diverged")
 """How a trial can end for good (an errored trial is retried by ``resume``, so it has no record)."""

@@ -42,7 +42,7 @@ from study.lease import hold_lease
 from study.parquet import TrialRecord, history_table, parse_result_lines, trials_table
 from study.processes import descendants
 from study.processes import stop as stop_processes
-from study.records import EndRecord, read_end_records
+from study.records import EndRecord, StudyError, load_study_spec, read_end_records
 from study.scheduler import PersistentASHA, SnapshotBeforeStart
 from study.search import (
     DivergenceAwareOptunaSearch,
@@ -52,7 +52,7 @@ from study.search import (
     param_space,
     repair_journal,
 )
-from study.spec import StudySpec, parse_spec
+from study.spec import StudySpec
 from study.storage import (
     StudyPaths,
     is_shared,
@@ -68,10 +68,6 @@ from study.trainable import fault_iteration, train_trial
 __all__ = ["ParquetCallback", "StudyError", "StudyOutcome", "export", "resume_study", "run_study"]
 
 log = logging.getLogger("ponder-study")
-
-
-class StudyError(RuntimeError):
-    """A study that cannot be run, resumed or exported as asked; the message says what to do."""
 
 
 @dataclass
@@ -530,18 +526,6 @@ def run_study(
         _init_ray(address, paths)  # before anything is written: a run that cannot start leaves no study
         write_bytes(paths.spec, spec.source.encode())
         return _fit(spec, paths, address, verbose, restore=False, warm_start=warm_start)
-
-
-def load_study_spec(name: str, storage: str) -> tuple[StudySpec, StudyPaths]:
-    """The spec a study was started with, read from its directory."""
-    paths = StudyPaths(storage, name)
-    source = read_bytes(paths.spec)
-    if source is None:
-        raise StudyError(
-            f"no study named {name!r} under {storage}: `ponder-study list` shows the studies there"
-        )
-    spec = parse_spec(source.decode(), name).with_overrides(name=name, storage=storage)
-    return spec, paths
 
 
 def check_whole(paths: StudyPaths, spec: StudySpec) -> None:

@@ -76,8 +76,7 @@ from pathlib import Path
 from typing import Any, Literal, NoReturn, Union, get_args, get_origin, get_type_hints
 
 from ponder.config import CONFIGS, ConfigError, TaskConfig
-from ponder.tasks import eval_set_names
-from ponder.trainer import SET_LIST_METRICS, SET_METRICS, TRAIN_METRICS
+from ponder.metrics import SET_LIST_METRICS, SET_METRICS, TRAIN_METRICS, eval_set_names
 from study.storage import StorageError, expand_storage
 
 __all__ = [

@@ -33,3 +33,17 @@ def test_importing_and_training_loads_no_ray() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_the_package_names_load_lazily_and_all_of_them_resolve() -> None:
+    """``import ponder.config`` (what a spec check needs) loads no torch; every public name of
+    the package still resolves to its module's object."""
+    code = (
+        "import sys, ponder.config, ponder.metrics\n"
+        "print('torch' in sys.modules)\n"
+        "import ponder\n"
+        "assert all(getattr(ponder, n) is not None for n in ponder.__all__)\n"
+        "print('torch' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["False", "True"]

@@ -5,6 +5,8 @@ there is."""
 from __future__ import annotations
 
 import hashlib
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -15,7 +17,7 @@ import pytest
 from study.cli import summary
 from study.spec import list_specs, load_spec, parse_spec
 from study.storage import StudyPaths, write_parquet
-from tests.study.conftest import cli, trials
+from tests.study.conftest import REPO, cli, trials
 
 pytestmark = pytest.mark.slow
 
@@ -332,3 +334,18 @@ def test_the_summary_puts_the_objectives_best_end_on_top(tmp_path: Path, mode: s
     lines = summary(paths, "train/loss", mode).splitlines()
     rows = lines[lines.index("top 3 by train/loss:") + 2 :][:3]
     assert [r.split()[0] for r in rows] == [top, "c", "a" if top == "b" else "b"]
+
+
+def test_the_command_loads_neither_torch_nor_ray_to_check_input_or_read_a_study() -> None:
+    """`--help`, a bad spec and `status` answer without torch or Ray (about 1 s of imports
+    each): only the commands that train, evaluate or drive Tune load them."""
+    code = (
+        "import sys\n"
+        "from study import cli\n"
+        "from study.records import load_study_spec\n"
+        "from study.spec import load_spec\n"
+        "load_spec('parity-smoke')\n"
+        "print(sorted(m for m in ('torch', 'ray') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr
