@@ -8,7 +8,18 @@ from __future__ import annotations
 
 from ponder.config import MnistConfig, ParityConfig, TaskConfig
 
-__all__ = ["OUTCOMES", "SET_LIST_METRICS", "SET_METRICS", "TIMING_KEYS", "TRAIN_METRICS", "eval_set_names"]
+__all__ = [
+    "CHANCE",
+    "OUTCOMES",
+    "SET_LIST_METRICS",
+    "SET_METRICS",
+    "TIMING_KEYS",
+    "TRAIN_METRICS",
+    "eval_set_names",
+]
+
+CHANCE = {"parity": 0.5, "mnist": 0.1}
+"""The accuracy of a guess, per task: parity's answer is one bit, MNIST's one of ten digits."""
 
 OUTCOMES = ("running", "completed", "diverged")
 """A run is running until it has made all its iterations (completed) or hit the NaN limit (diverged)."""

@@ -428,7 +428,12 @@ def _read(args: argparse.Namespace, storage: str) -> int:
             if out is not None and Path(out).exists() and not Path(out).is_dir():
                 _fail(f"--out {args.out} is a file; give a directory (it is created if missing)")
             written = write_report(args.name, storage, out=out)
-            print(f"wrote {len(written.plots)} plots and {written.index}")
+            empty = (
+                f" ({len(written.missing)} without data: {', '.join(written.missing)})"
+                if written.missing
+                else ""
+            )
+            print(f"wrote {written.drawn} plots{empty} and {written.index}")
             return 0
         if args.command == "evaluate":
             from study.evaluate import EvaluateError, evaluate_trial, format_evaluation

@@ -44,7 +44,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ponder.config import CONFIGS, resolve_config
-from ponder.metrics import SET_LIST_METRICS, SET_METRICS, TIMING_KEYS, TRAIN_METRICS
+from ponder.metrics import CHANCE, SET_LIST_METRICS, SET_METRICS, TIMING_KEYS, TRAIN_METRICS
 from study.pareto import pareto_mask
 
 __all__ = [
@@ -54,6 +54,7 @@ __all__ = [
     "STATUSES",
     "WORST",
     "TrialRecord",
+    "beats_chance",
     "fill_config_defaults",
     "history_table",
     "leaderboard",
@@ -202,10 +203,29 @@ def _objective_key(metric: str, mode: str) -> Any:
     return key
 
 
+def beats_chance(row: Mapping[str, Any], accuracy: str) -> bool:
+    """Whether a trial's halted accuracy is above a guess's by more than 3 standard errors of its
+    evaluation set (``eval_samples``): 0.5 + 3 * sqrt(0.25 / 200) = 0.606 for parity-smoke."""
+    chance = CHANCE.get(str(row.get("task")))
+    value = row.get(accuracy)
+    if chance is None or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return chance is None  # a task without a known chance level is not held to one
+    n = row.get("eval_samples")
+    margin = 3 * math.sqrt(chance * (1 - chance) / n) if isinstance(n, int) and n > 0 else 0.0
+    return float(value) > chance + margin
+
+
 def pareto_marks(rows: Sequence[Mapping[str, Any]], objectives: Sequence[tuple[str, str]]) -> list[bool]:
-    """Which rows are Pareto-optimal on ``objectives`` among the trials that ended with a result
-    (completed or stopped early); a running, diverged or errored trial is never on the front."""
-    eligible = [i for i, r in enumerate(rows) if r["status"] in ENDED_WITH_RESULT]
+    """Which rows are Pareto-optimal on ``objectives`` among the trials that ran their full budget
+    (``completed``) and whose halted accuracies beat chance (`beats_chance`). An early-stopped
+    trial was measured on a smaller budget, and a trial at chance answers nothing however few its
+    steps: neither is a trade-off anyone would pick, so neither is on the front."""
+    eligible = [
+        i
+        for i, r in enumerate(rows)
+        if r["status"] == "completed"
+        and all(beats_chance(r, m) for m, _ in objectives if m.endswith("/halted_accuracy"))
+    ]
     marks = [False] * len(rows)
     if not eligible or not objectives:
         return marks

@@ -96,7 +96,14 @@ class Report:
     index: str
     """The path of its ``index.html``."""
     plots: dict[str, str]
-    """Plot key (`PLOTS`) -> the path of its PNG."""
+    """Plot key (`PLOTS`) -> the path of its PNG (a placeholder where there was no data)."""
+    missing: dict[str, str]
+    """Plot key -> why its PNG is a placeholder: the plots not drawn."""
+
+    @property
+    def drawn(self) -> int:
+        """How many plots show data."""
+        return len(self.plots) - len(self.missing)
 
 
 class _NoData(Exception):
@@ -161,7 +168,7 @@ def write_report(name: str, storage: str = "results", out: str | None = None) ->
             missing[key] = why
     index = join(out, "index.html")
     _write(index, _index_html(study, missing).encode())
-    return Report(directory=out, index=index, plots=plots)
+    return Report(directory=out, index=index, plots=plots, missing=missing)
 
 
 def pareto_front(trials: pd.DataFrame, accuracy: str, steps: str) -> npt.NDArray[np.bool_]:

@@ -99,6 +99,7 @@ def test_the_smoke_study_gets_six_plots_and_an_index(smoke: tuple[Path, Any], tm
     report = write_report("parity-smoke", str(storage), out=str(tmp_path / "report"))
     index = _check(report)
     assert index.nodata == []  # parity: easy and hard sets, several trials, history, ASHA's rungs
+    assert report.drawn == 6 and report.missing == {}
     best = _best_trial(storage, "parity-smoke")
     assert f"Best trial: {best} " in index.summary
     assert "Trials: 6 (" in index.summary
@@ -157,14 +158,23 @@ def test_the_pareto_plot_marks_the_undominated_ended_trials() -> None:
             steps: [3.0, 2.0, 4.0, 1.0, 1.0, 1.0],
         }
     )
-    # c is beaten by a; d (diverged), e (no accuracy) and f (running) are not candidates
-    assert pareto_front(trials, acc, steps).tolist() == [True, True, False, False, False, False]
+    # c is beaten by a; b (stopped early: a smaller budget), d (diverged), e (no accuracy) and f
+    # (running) are not candidates
+    assert pareto_front(trials, acc, steps).tolist() == [True, False, False, False, False, False]
+    # a parity trial at chance (within 3 standard errors of 0.5 on 200 samples) is never on it,
+    # however few its steps; one clearly above chance with fewer steps than a is
+    parity = trials.assign(task="parity", eval_samples=200)
+    guess = pd.DataFrame(
+        {"trial_id": ["g", "h"], "status": "completed", acc: [0.55, 0.70], steps: [1.0, 2.0]}
+    ).assign(task="parity", eval_samples=200)
+    both = pd.concat([parity, guess], ignore_index=True)
+    assert pareto_front(both, acc, steps).tolist() == [True, False, False, False, False, False, False, True]
     # a multi-objective study's table says which trials are on its front: those are marked
     marked = trials.assign(pareto=[False, True, None, True, False, False])
     assert pareto_front(marked, acc, steps).tolist() == [False, True, False, True, False, False]
     # a column with no values says nothing: the front is computed
     unmarked = trials.assign(pareto=pd.Series([None] * 6, dtype=object))
-    assert pareto_front(unmarked, acc, steps).tolist() == [True, True, False, False, False, False]
+    assert pareto_front(unmarked, acc, steps).tolist() == [True, False, False, False, False, False]
     assert pareto_front(trials.iloc[:0], acc, steps).tolist() == []
 
 
@@ -232,6 +242,7 @@ def test_a_thin_study_gets_placeholders_not_missing_files(tmp_path: Path) -> Non
     report = write_report("thin", str(tmp_path), out=str(tmp_path / "report"))
     index = _check(report)
     assert len(index.nodata) == 1 and "history" in index.nodata[0]  # the learning curves
+    assert report.drawn == 5 and len(report.missing) == 1  # what the CLI says it drew
     assert "Best trial: t0 " in index.summary
 
 
@@ -244,4 +255,5 @@ def test_a_study_with_no_ended_trial_yet_still_gets_all_six(tmp_path: Path) -> N
     index = _check(report)
     # nothing ended: no best trial, so no halting distribution or per-step accuracy to show
     assert len(index.nodata) == 2 and all("completed or early-stopped" in n for n in index.nodata)
+    assert report.drawn == 4 and len(report.missing) == 2
     assert "Best trial: no completed or early-stopped trial" in index.summary
