@@ -116,7 +116,7 @@ def test_an_export_killed_between_its_two_writes_leaves_no_trial_without_its_rep
     not leave the trials file showing a trial whose reports history lacks (a CI run read an
     ended trial without its rows). Here the study's history is an older one (no rows at all)
     and the export dies at its second write."""
-    from study import runner
+    from study import dataset, runner
 
     storage = tmp_path / "copy"
     shutil.copytree(smoke[0], storage)
@@ -130,7 +130,7 @@ def test_an_export_killed_between_its_two_writes_leaves_no_trial_without_its_rep
         written.append(uri)
         write_parquet(uri, table)
 
-    monkeypatch.setattr(runner, "write_parquet", write_then_die)
+    monkeypatch.setattr(dataset, "write_parquet", write_then_die)  # both tables go through it
     with pytest.raises(KeyboardInterrupt):
         runner.export("parity-smoke", str(storage))
     shown = trials(storage, "parity-smoke")
