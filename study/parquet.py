@@ -32,6 +32,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import numbers
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -207,11 +208,11 @@ def beats_chance(row: Mapping[str, Any], accuracy: str) -> bool:
     """Whether a trial's halted accuracy is above a guess's by more than 3 standard errors of its
     evaluation set (``eval_samples``): 0.5 + 3 * sqrt(0.25 / 200) = 0.606 for parity-smoke."""
     chance = CHANCE.get(str(row.get("task")))
-    value = row.get(accuracy)
-    if chance is None or not isinstance(value, (int, float)) or not math.isfinite(value):
+    value, n = row.get(accuracy), row.get("eval_samples")
+    if chance is None or not isinstance(value, numbers.Real) or not math.isfinite(value):
         return chance is None  # a task without a known chance level is not held to one
-    n = row.get("eval_samples")
-    margin = 3 * math.sqrt(chance * (1 - chance) / n) if isinstance(n, int) and n > 0 else 0.0
+    size = float(n) if isinstance(n, numbers.Real) else math.nan  # numpy and pandas numbers too
+    margin = 3 * math.sqrt(chance * (1 - chance) / size) if size > 0 else 0.0  # NaN > 0 is False
     return float(value) > chance + margin
 
 

@@ -37,9 +37,9 @@ def test_a_multi_objective_study_marks_its_pareto_front(tmp_path: Path) -> None:
     assert (df["status"] == "completed").all() and (df["iteration"] == smoke.iterations).all()  # no ASHA
     assert not Path(StudyPaths(str(tmp_path), "pareto").asha).exists()
     front, rest = df[df["pareto"]], df[~df["pareto"]]
-    assert len(front) >= 1
     # a trial at chance is no trade-off, however few its steps: the front is among the others
     answers = df.apply(lambda t: beats_chance(t.to_dict(), ACC), axis=1)
+    assert len(front) >= 1 or not answers.any()
     for _, t in front.iterrows():  # no marked trial is dominated and none is at chance ...
         assert answers[t.name] and not any(_dominates(o, t) for _, o in df.iterrows()), t[["trial_id", ACC]]
     for _, t in rest.iterrows():  # ... and every other trial is dominated, or at chance

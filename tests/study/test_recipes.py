@@ -11,6 +11,7 @@ from typing import Any
 import pandas as pd
 import pytest
 
+from study.parquet import beats_chance
 from tests.study.conftest import REPO
 
 pytestmark = pytest.mark.slow
@@ -58,11 +59,16 @@ def test_the_pandas_recipes_answer_their_questions(in_results: pd.DataFrame) -> 
     assert len(curves) == len(history) and curves["lambda_p"].notna().all()
 
     front = ns["front"]
-    assert 1 <= len(front) <= len(trials)
     assert set(front["trial_id"]) == set(trials.loc[trials["pareto"], "trial_id"])
-    completed = trials[trials["status"] == "completed"]  # the front holds trials of the full budget
-    best = completed.loc[completed[acc].idxmax()]  # the most accurate is on it (ties: one of them)
-    assert (front[acc] == best[acc]).any()
+    # the front holds trials of the full budget that answer above chance (the smoke study's tiny
+    # trials may all be at chance: then it is empty); the most accurate of them is on it
+    completed = trials[trials["status"] == "completed"]
+    answering = completed[[beats_chance(row, acc) for row in completed.to_dict("records")]]
+    if answering.empty:
+        assert front.empty, front
+    else:
+        best = answering.loc[answering[acc].idxmax()]  # (ties: one of them)
+        assert (front[acc] == best[acc]).any()
 
 
 def test_the_duckdb_line_gives_the_same_pareto_set(in_results: pd.DataFrame) -> None:
