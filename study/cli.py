@@ -483,7 +483,10 @@ def _drive(args: argparse.Namespace, storage_arg: str | None, argv: Sequence[str
 
     try:
         from study import runner  # imports Ray: only for the commands that need it
+        from study.launch import raise_a_swallowed_stop
         from study.warmstart import WarmStartError
+
+        raise_a_swallowed_stop()  # a Ctrl-C during those imports
 
         refused += (runner.StudyError, WarmStartError)
         if args.command == "run":

@@ -13,7 +13,7 @@ import signal
 import sys
 from typing import NoReturn
 
-__all__ = ["RAY_CRASH_HANDLER_OFF", "crash_handler_back_for_ray_processes", "main"]
+__all__ = ["RAY_CRASH_HANDLER_OFF", "crash_handler_back_for_ray_processes", "main", "raise_a_swallowed_stop"]
 
 RAY_CRASH_HANDLER_OFF = "RAY_DISABLE_FAILURE_SIGNAL_HANDLER"
 """Ray's C++ crash handler (absl's) also takes SIGTERM, and ``ray.shutdown()`` removes it by
@@ -33,8 +33,24 @@ def crash_handler_back_for_ray_processes() -> None:
         _set_here = False
 
 
+_stop_asked = False
+
+
 def _as_ctrl_c(signum: int, frame: object) -> None:
+    global _stop_asked
+    _stop_asked = True
     raise KeyboardInterrupt
+
+
+def raise_a_swallowed_stop() -> None:
+    """Raise again a stop (Ctrl-C, SIGTERM, SIGHUP) that came but did not end the command.
+
+    A stop raises KeyboardInterrupt wherever the driver is; code that catches every exception
+    around its own imports or start-up would swallow it (seen once in three suite runs under load:
+    a Ctrl-C 3 s into `run` was lost and the study ran to its end). The driver calls this between
+    its phases (imports, Ray's start, Tune's run), so a stop is never lost for long."""
+    if _stop_asked:
+        raise KeyboardInterrupt
 
 
 def main() -> NoReturn:
@@ -43,7 +59,7 @@ def main() -> NoReturn:
     if RAY_CRASH_HANDLER_OFF not in os.environ:  # a user's own setting stands
         os.environ[RAY_CRASH_HANDLER_OFF] = "1"
         _set_here = True
-    for sig in (signal.SIGTERM, signal.SIGHUP):
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _as_ctrl_c)
     try:
         from study.cli import entry

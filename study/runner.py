@@ -37,7 +37,7 @@ from ray.tune import Callback, CLIReporter
 from ray.tune.experiment import Trial
 
 from study.dataset import write_study_table
-from study.launch import crash_handler_back_for_ray_processes
+from study.launch import crash_handler_back_for_ray_processes, raise_a_swallowed_stop
 from study.lease import hold_lease
 from study.parquet import TrialRecord, history_table, parse_result_lines, trials_table
 from study.processes import descendants
@@ -479,6 +479,7 @@ def _init_ray(address: str | None, paths: StudyPaths) -> None:
                 address=address, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR
             )
         logging.getLogger("ray").setLevel(logging.WARNING)  # then Tune's warnings as before
+        raise_a_swallowed_stop()  # a Ctrl-C while Ray started
     except (ValueError, ConnectionError, RuntimeError, TimeoutError) as e:
         where = os.environ.get("RAY_ADDRESS") if address is None else address
         message = " ".join(str(e).split())[:200]
@@ -825,6 +826,7 @@ def _fit(
     failed = False
     try:
         if tuner is not None:
+            raise_a_swallowed_stop()  # before Tune takes Ctrl-C over (its own handler)
             with _replaying_records(spec, paths), _one_line_logs(paths):
                 tuner.fit()  # the Parquet written by the callback is the result
     except BaseException:
