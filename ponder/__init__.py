@@ -14,7 +14,9 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from ponder.config import CONFIGS, ConfigError, MnistConfig, ParityConfig, PonderConfig, TaskConfig
     from ponder.halting import (
+        HaltingAccuracies,
         expected_steps,
+        halting_accuracies,
         halting_distribution,
         log_geometric_prior,
         log_halting_distribution,
@@ -28,7 +30,9 @@ if TYPE_CHECKING:
 _HOMES = {
     "config": ("CONFIGS", "ConfigError", "MnistConfig", "ParityConfig", "PonderConfig", "TaskConfig"),
     "halting": (
+        "HaltingAccuracies",
         "expected_steps",
+        "halting_accuracies",
         "halting_distribution",
         "log_geometric_prior",
         "log_halting_distribution",
@@ -45,6 +49,7 @@ __all__ = [
     "CONFIGS",
     "ConfigError",
     "HaltedOutput",
+    "HaltingAccuracies",
     "Metrics",
     "MnistConfig",
     "MnistStep",
@@ -58,6 +63,7 @@ __all__ = [
     "TaskConfig",
     "Trainer",
     "expected_steps",
+    "halting_accuracies",
     "halting_distribution",
     "kl_to_prior",
     "log_geometric_prior",

@@ -178,14 +178,20 @@ def _summary(history: list[Metrics], config: PonderConfig) -> str:
     lines = [
         f"outcome {last['outcome']} after {last['iteration']} iterations, {last['time_s']:.1f} s training, "
         f"{last['nan_events']} NaN events",
-        f"{'set':<14}{'halted acc':>11}{'best':>8}{'halt step':>11}{'E[steps]':>10}",
+        f"{'set':<14}{'halted acc':>11}{'best':>8}{'best-step acc':>15}{'stable acc':>12}"
+        f"{'halt step':>11}{'E[steps]':>10}",
     ]
     for s in sets:
         best = max(m[f"{s}/halted_accuracy"] for m in history)
         lines.append(
             f"{s:<14}{last[f'{s}/halted_accuracy']:>11.4f}{best:>8.4f}"
+            f"{last[f'{s}/best_step_accuracy']:>15.4f}{last[f'{s}/stable_accuracy']:>12.4f}"
             f"{last[f'{s}/mean_halting_step']:>11.2f}{last[f'{s}/expected_steps']:>10.2f}"
         )
+    lines.append(
+        "best-step acc: the best single step's; stable acc: right at the halting step and every later one"
+        " (halted acc far above both: right by where it halts)"
+    )
     lines.append(
         f"prior mean halting step 1/lambda_p = {1 / config.lambda_p:.2f} (max_steps {config.max_steps})"
     )

@@ -10,6 +10,7 @@ Shapes: N = max_steps, B = batch size. Step tensors are step-major, ``[N, B]``.
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -18,8 +19,10 @@ from ponder.config import PriorTail
 
 __all__ = [
     "NO_STEP",
+    "HaltingAccuracies",
     "PriorTail",
     "expected_steps",
+    "halting_accuracies",
     "halting_distribution",
     "log_geometric_prior",
     "log_halting_distribution",
@@ -109,3 +112,44 @@ def expected_steps(log_p: torch.Tensor) -> torch.Tensor:
     """E[n] = sum_n n p_n per sample ``[B]``, steps counted from 1."""
     n = torch.arange(1, log_p.shape[0] + 1, device=log_p.device, dtype=log_p.dtype)  # [N]
     return (log_p.exp() * n[:, None]).sum(dim=0)
+
+
+class HaltingAccuracies(NamedTuple):
+    """Three accuracies of one evaluation set; NaN where the model gave no answer (see
+    `halting_accuracies`)."""
+
+    halted: float
+    """Right at the halting step drawn from p: what the model answers when it ponders."""
+    best_step: float
+    """The best per-step accuracy over n = 1..N: what the network knows without choosing a step."""
+    stable: float
+    """Right at the drawn halting step and at every later step up to N."""
+
+
+def halting_accuracies(correct: torch.Tensor, step: torch.Tensor) -> HaltingAccuracies:
+    """Halted, best-step and stable accuracy from per-step correctness ``[N, B]`` (1. right, 0.
+    wrong, NaN no answer) and the drawn halting steps ``[B]`` (0-based, `NO_STEP` allowed).
+
+    Why all three: a network can be right at its halting step because of *where* it halts (hard
+    inputs stopped at the one step whose answer happens to be right) while no step's answer is
+    right on its own. Then halted accuracy is far above both best-step accuracy (no single step
+    knows the answer) and stable accuracy (the answer degrades if it ponders on). Honest
+    pondering has all three close: stable <= halted always (the same drawn step, and more to be
+    right at), and stable <= the last step's accuracy <= best-step accuracy.
+
+    NaN rules, as for halted accuracy: halted and stable accuracy are NaN when some sample has no
+    halting step (its p is not a distribution) or a NaN answer at a step they count; best-step
+    accuracy is NaN when some step's accuracy is (a non-finite prediction is no answer, and the
+    best of the steps that do answer would hide it).
+    """
+    # best_step = max_n 1/B sum_b c[n, b]; amax keeps a NaN step's NaN
+    best_step = float(correct.mean(dim=1).amax())
+    if not bool((step >= 0).all()):  # a p that is not a distribution: no halting step to judge
+        return HaltingAccuracies(math.nan, best_step, math.nan)
+    # halted = 1/B sum_b c[s_b, b]
+    halted = correct.gather(0, step[None]).squeeze(0)  # [B]
+    # stable = 1/B sum_b prod_{n >= s_b} c[n, b] = 1/B sum_b min_{n >= s_b} c[n, b]: the steps
+    # before s_b count as right, and amin keeps a NaN
+    later = torch.arange(correct.shape[0], device=correct.device)[:, None] >= step[None, :]  # [N, B]
+    stable = torch.where(later, correct, torch.ones_like(correct)).amin(dim=0)  # [B]
+    return HaltingAccuracies(float(halted.mean()), best_step, float(stable.mean()))

@@ -24,8 +24,20 @@ CHANCE = {"parity": 0.5, "mnist": 0.1}
 OUTCOMES = ("running", "completed", "diverged")
 """A run is running until it has made all its iterations (completed) or hit the NaN limit (diverged)."""
 
-SET_METRICS = ("halted_accuracy", "mean_halting_step", "expected_steps", "loss", "loss_rec", "loss_reg")
-"""Scalar metrics reported for every evaluation set, as ``<set>/<metric>``."""
+SET_METRICS = (
+    "halted_accuracy",
+    "best_step_accuracy",
+    "stable_accuracy",
+    "mean_halting_step",
+    "expected_steps",
+    "loss",
+    "loss_rec",
+    "loss_reg",
+)
+"""Scalar metrics reported for every evaluation set, as ``<set>/<metric>``. ``best_step_accuracy``
+(the best step's accuracy) and ``stable_accuracy`` (right at the halting step and every later
+one) tell honest pondering from halted accuracy that comes from *where* the model halts
+(`ponder.halting.halting_accuracies`)."""
 SET_LIST_METRICS = ("per_step_accuracy", "halting_distribution")
 """Per-step metrics (lists of max_steps floats) reported for every evaluation set."""
 TRAIN_METRICS = ("loss", "loss_rec", "loss_reg", "grad_norm")

@@ -21,7 +21,7 @@ from torch.nn.utils import clip_grad_norm_
 from ponder.config import TaskConfig, config_from_dict
 from ponder.cpu import keep_freed_memory
 from ponder.data.mnist import MnistData
-from ponder.halting import expected_steps, log_geometric_prior, sample_halting_step
+from ponder.halting import expected_steps, halting_accuracies, log_geometric_prior, sample_halting_step
 from ponder.losses import kl_to_prior, per_step_cross_entropy, reconstruction_loss
 from ponder.metrics import OUTCOMES, SET_LIST_METRICS, SET_METRICS, TIMING_KEYS, TRAIN_METRICS
 from ponder.model import PonderOutput
@@ -162,9 +162,11 @@ class Trainer:
     def evaluate(self) -> Metrics:
         """Metrics on every fixed evaluation set; deterministic for given weights.
 
-        Per set: halted accuracy (the prediction at a halting step sampled from p), mean
-        halting step (of those samples), expected steps (sum_n n p_n), accuracy at every
-        step, the mean halting distribution, and the losses.
+        Per set: halted accuracy (the prediction at a halting step sampled from p), best-step
+        accuracy (the best step's accuracy) and stable accuracy (right at the halting step and at
+        every later one; see `halting_accuracies`), mean halting step (of those samples),
+        expected steps (sum_n n p_n), accuracy at every step, the mean halting distribution, and
+        the losses.
         """
         self.model.eval()
         # the same halting draws at every evaluation, so the metric moves only with the weights
@@ -178,13 +180,15 @@ class Trainer:
             # a prediction with a NaN or inf logit is no answer: argmax/sign would still pick one
             answered = torch.isfinite(out.y_hat.reshape(n_steps, batch, -1)).all(dim=-1)  # [N, B]
             correct = accuracy(out.y_hat, s.y).masked_fill(~answered, math.nan)  # [N, B]
-            halted = correct.gather(0, step.clamp_min(0)[None]).squeeze(0)  # at the halting step # [B]
+            acc = halting_accuracies(correct, step)  # halted, best-step and stable accuracy
             halts = bool((step >= 0).all())  # every sample has a halting distribution
             metrics.update(
                 {
                     # NaN (null in Parquet) when the model's outputs are not finite: never the
                     # 0.5 and step 1 that arg-maxes over NaN make of a diverged model
-                    f"{name}/halted_accuracy": float(halted.mean()) if halts else math.nan,
+                    f"{name}/halted_accuracy": acc.halted,
+                    f"{name}/best_step_accuracy": acc.best_step,
+                    f"{name}/stable_accuracy": acc.stable,
                     f"{name}/mean_halting_step": float((step + 1).float().mean()) if halts else math.nan,
                     f"{name}/expected_steps": float(expected_steps(out.log_p).mean()),
                     f"{name}/per_step_accuracy": correct.mean(dim=1).tolist(),

@@ -1,4 +1,4 @@
-"""The Parquet contract (schema version 3): one table of trials, one of reports, per study.
+"""The Parquet contract (schema version 4): one table of trials, one of reports, per study.
 
 ``trials/study=<name>/trials.parquet`` has one row per trial:
 
@@ -12,18 +12,21 @@
   CPU), ``nodes``, ``checkpoint_path``, ``error``, ``retries``; ``pareto``: on the Pareto front
   of the study's objectives among the trials that ended with a result;
 - each metric's final value under its metric name, ``best/<metric>`` at the report where the
-  objective was best (``best_iteration``); list columns for per-step accuracy and the halting
-  distribution. A diverged trial's final ``<set>/`` metrics are null (the model that diverged
-  gives no result); ``before_divergence/<metric>`` and ``before_divergence_iteration`` keep the
-  last report before it with a finite objective.
+  objective was best (``best_iteration``); per set, ``halted_accuracy`` beside
+  ``best_step_accuracy`` and ``stable_accuracy`` (`ponder.halting.halting_accuracies`); list
+  columns for per-step accuracy and the halting distribution. A diverged trial's final ``<set>/``
+  metrics are null (the model that diverged gives no result); ``before_divergence/<metric>`` and
+  ``before_divergence_iteration`` keep the last report before it with a finite objective.
 
 ``history/study=<name>/history.parquet`` has one row per trial per report: ``trial_id``,
 ``report`` (1, 2, ...), ``iteration``, ``outcome``, ``nan_events``, the timings, ``timestamp``
 (UTC), where it ran, every metric.
 
 Null: NaN, +-inf, and the objective's stand-in (`WORST`) in the objective's own columns; every
-other value is kept. Version 3 added the resolved config, the diverged rule and the times;
-``ponder-study export NAME`` rewrites an older study, and `fill_config_defaults` reads one.
+other value is kept. Version 4 added ``<set>/best_step_accuracy`` and ``<set>/stable_accuracy``
+(null in older rows: their reports did not measure them); version 3 the resolved config, the
+diverged rule and the times; ``ponder-study export NAME`` rewrites an older study, and
+`fill_config_defaults` reads one.
 Every file of the dataset gets the dataset's one schema from `study.dataset` when written.
 """
 
@@ -65,7 +68,7 @@ __all__ = [
     "trials_table",
 ]
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 STATUSES = ("completed", "early_stopped", "diverged", "errored", "running", "pending")
 ENDED_WITH_RESULT = ("completed", "early_stopped")
 """The statuses of trials that ended with a result: those ranked, put on a Pareto front, evaluated."""
@@ -242,10 +245,10 @@ def pareto_marks(rows: Sequence[Mapping[str, Any]], objectives: Sequence[tuple[s
 
 
 def fill_config_defaults(trials: pd.DataFrame) -> pd.DataFrame:
-    """A trials table as schema 3 writes it, from any version: rows of schema 1 or 2 have a config
-    field only where the study's spec set or searched it; their nulls get the task config's
-    default (`resolve_config`, the one source). What readers use until ``ponder-study export``
-    rewrites the files; a schema-3 table comes back as it is."""
+    """A trials table with every config field as schema 3 and later write it, from any version:
+    rows of schema 1 or 2 have a config field only where the study's spec set or searched it; their
+    nulls get the task config's default (`resolve_config`, the one source). What readers use until
+    ``ponder-study export`` rewrites the files; a table of schema 3 or later comes back as it is."""
     if "schema_version" not in trials.columns or "task" not in trials.columns:
         return trials
     old = pd.to_numeric(trials["schema_version"], errors="coerce").fillna(0) < 3

@@ -9,7 +9,8 @@ with relative links only, no scripts, no external fonts or styles::
     results/reports/<name>/sensitivity.png          accuracy and halting step against lambda_p
     results/reports/<name>/pareto.png               accuracy against thinking time, the front marked
     results/reports/<name>/halting_distribution.png the best trial's p_n against the prior p_G
-    results/reports/<name>/per_step_accuracy.png    accuracy if halted at step n, top 5 trials
+    results/reports/<name>/per_step_accuracy.png    accuracy if halted at step n, top 5 trials;
+                                                    their halted, best-step and stable accuracy
     results/reports/<name>/learning_curves.png      the objective against training iterations
     results/reports/<name>/asha.png                 how far ASHA let each trial run
 
@@ -40,6 +41,7 @@ from matplotlib.patches import Patch
 
 from ponder.config import CONFIGS
 from ponder.halting import PriorTail, log_geometric_prior
+from ponder.metrics import CHANCE
 from study.parquet import fill_config_defaults, pareto_marks, ranked_trials
 from study.spec import NAME_PATTERN, SpecError, StudySpec, parse_spec
 from study.storage import StudyPaths, is_remote, join, read_bytes, read_json, read_table, write_bytes
@@ -133,6 +135,14 @@ class _Study:
     @property
     def steps(self) -> str:
         return f"{self.set_name}/mean_halting_step"
+
+    @property
+    def best_step(self) -> str:
+        return f"{self.set_name}/best_step_accuracy"
+
+    @property
+    def stable(self) -> str:
+        return f"{self.set_name}/stable_accuracy"
 
     def ranked(self) -> pd.DataFrame:
         return ranked_trials(self.trials, self.metric, self.spec.mode)
@@ -473,16 +483,18 @@ def _halting_distribution(study: _Study) -> Figure:
 
 
 def _per_step_accuracy(study: _Study) -> Figure:
-    """Accuracy if the model halted at step n, for the top trials."""
+    """Accuracy if the model halted at step n, for the top trials; beside it their halted,
+    best-step and stable accuracy."""
     column = f"{study.set_name}/per_step_accuracy"
     top = [(t, acc) for _, t in study.ranked().iterrows() if (acc := _floats(t.get(column))) is not None][
         :TOP
     ]
     if not top:
         raise _NoData(f"no completed or early-stopped trial has {column} and a finite {study.metric}")
-    fig = Figure(figsize=(9.5, 5.5), layout="constrained")
-    ax = fig.add_subplot()
-    ax.set_title(f"{study.name}: accuracy if halted at step n, top {len(top)} by {study.metric}")
+    fig = Figure(figsize=(14, 5.5), layout="constrained")
+    ax, bars = fig.subplots(1, 2, width_ratios=(3, 2))
+    ax.set_title(f"accuracy if halted at step n, top {len(top)} by {study.metric}")
+    fig.suptitle(f"{study.name}: per-step accuracy ({study.set_name} set)")
     longest = 1
     for colour, (trial, acc) in zip(_TOP_COLOURS, top, strict=False):
         steps = np.arange(1, len(acc) + 1)
@@ -496,7 +508,61 @@ def _per_step_accuracy(study: _Study) -> Figure:
     ax.set_ylabel(f"accuracy at step n ({study.set_name})")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, title=f"trial (its {study.metric})", title_fontsize=8)
+    _accuracy_bars(bars, study, [trial for trial, _ in top])
     return fig
+
+
+_ACCURACIES = (  # column of a set, label, bar colour: halted accuracy and what tells it honest
+    ("halted_accuracy", "halted (at the sampled step)", "#404040"),
+    ("best_step_accuracy", "best step (max over n)", "#9a9a9a"),
+    ("stable_accuracy", "stable (right from the halting step on)", "#e0e0e0"),
+)
+
+
+def _accuracy_bars(ax: Axes, study: _Study, trials: Sequence[pd.Series]) -> None:
+    """Halted, best-step and stable accuracy side by side for each of ``trials`` (tick labels in
+    the trials' colours of the per-step plot); halted accuracy far above the other two is an
+    answer given by *where* the model halts."""
+    x = np.arange(len(trials))
+    width = 0.8 / len(_ACCURACIES)
+    measured = False
+    for i, (name, label, colour) in enumerate(_ACCURACIES):
+        values = np.array([_number(t.get(f"{study.set_name}/{name}")) for t in trials])
+        measured |= name != "halted_accuracy" and bool(np.isfinite(values).any())
+        offset = (i - (len(_ACCURACIES) - 1) / 2) * width
+        ax.bar(x + offset, np.nan_to_num(values), width, color=colour, edgecolor="black", lw=0.6, label=label)
+        for xi, v in zip(x + offset, values, strict=True):
+            text = f"{v:.2f}" if math.isfinite(v) else "n/a"
+            ax.text(xi, (v if math.isfinite(v) else 0.0) + 0.01, text, ha="center", va="bottom", fontsize=7)
+    chance = CHANCE.get(study.spec.task)
+    if chance is not None:
+        ax.axhline(chance, color="tab:red", ls="--", lw=1, label=f"chance ({chance:g})")
+    ax.set_xticks(x, [str(t["trial_id"]) for t in trials], fontsize=8)
+    for tick, colour in zip(ax.get_xticklabels(), _TOP_COLOURS, strict=False):
+        tick.set_color(colour)
+    ax.set_ylim(0, 1.12)
+    ax.set_ylabel(f"accuracy ({study.set_name})")
+    ax.set_title("halted, best-step and stable accuracy")
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.08), ncols=2)  # below: no bar hidden
+    if not measured:
+        ax.text(
+            0.5,
+            0.55,
+            "no best-step or stable accuracy recorded\n(trials written before Parquet schema 4)",
+            transform=ax.transAxes,
+            ha="center",
+            fontsize=8,
+            color="dimgray",
+        )
+
+
+def _number(value: Any) -> float:
+    """A cell as a float, NaN for a null or a non-number."""
+    try:
+        return float(value) if value is not None and value is not pd.NA else math.nan
+    except (TypeError, ValueError):
+        return math.nan
 
 
 def _learning_curves(study: _Study) -> Figure:
@@ -628,7 +694,7 @@ _TITLES = {
     "sensitivity": "sensitivity to lambda_p",
     "pareto": "accuracy against thinking time",
     "halting_distribution": "halting distribution of the best trial",
-    "per_step_accuracy": "accuracy if halted at step n",
+    "per_step_accuracy": "accuracy if halted at step n; halted, best-step and stable accuracy",
     "learning_curves": "learning curves",
     "asha": "training iterations per trial (ASHA)",
 }
@@ -663,7 +729,10 @@ def _captions(study: _Study) -> dict[str, str]:
         "halting_distribution": "The best trial's halting distribution p_n (bars, the mean over the set) "
         "against the geometric prior p_G(lambda_p) truncated at max_steps that its loss pulls it towards.",
         "per_step_accuracy": f"Accuracy on the {s} set if the model halted at step n, for the top {TOP} "
-        f"trials by {m}.",
+        f"trials by {m}; beside it, for the same trials, halted accuracy (at the sampled halting step), "
+        "best-step accuracy (the best step's, what the network knows without choosing a step) and stable "
+        "accuracy (right at the halting step and every later one). Halted accuracy far above both is "
+        "the shortcut of answering through where it halts.",
         "learning_curves": f"{m} at each report against training iterations: the top {TOP} trials in "
         f"colour, the others in grey{rungs}.",
         "asha": "Training iterations each trial ran before it reached the budget (dashed) or ASHA stopped it "
@@ -762,7 +831,16 @@ def _top_table(study: _Study, ranked: pd.DataFrame) -> str:
         "status",
         *dict.fromkeys(["lambda_p", "beta", "max_steps", *searched]),
         "iteration",
-        *dict.fromkeys([study.metric, *(m for m, _ in study.spec.objectives), study.accuracy, study.steps]),
+        *dict.fromkeys(
+            [
+                study.metric,
+                *(m for m, _ in study.spec.objectives),
+                study.accuracy,
+                study.best_step,
+                study.stable,
+                study.steps,
+            ]
+        ),
         "nan_events",
     ]
     columns = [c for c in dict.fromkeys(wanted) if c in ranked.columns]

@@ -613,7 +613,13 @@ def _grid_search(search: SearchSpec, space: tuple[Dimension, ...], given: bool) 
 
 
 # the direction a metric is always optimised in: the other would keep the worst trials
-_MODE_OF = {"halted_accuracy": "max", "loss": "min", "loss_rec": "min"}
+_MODE_OF = {
+    "halted_accuracy": "max",
+    "best_step_accuracy": "max",
+    "stable_accuracy": "max",
+    "loss": "min",
+    "loss_rec": "min",
+}
 
 
 def _check_metric(metric: Any, key: str, task: str, sets: list[str]) -> None:

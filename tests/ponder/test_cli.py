@@ -40,6 +40,8 @@ def test_progress_lines_and_summary() -> None:
     out = proc.stdout
     assert out.count("iter ") == 2 and "outcome completed after 20 iterations" in out
     assert '"lambda_p": 0.5' in out and "1/lambda_p = 2.00" in out
+    header = next(line for line in out.splitlines() if line.startswith("set "))
+    assert "best-step acc" in header and "stable acc" in header
 
 
 def _json_lines(proc: subprocess.CompletedProcess[str]) -> list[dict[str, object]]:

@@ -1,4 +1,5 @@
-"""The halting distribution in log space, its sampling, and the geometric prior."""
+"""The halting distribution in log space, its sampling, the geometric prior, and the accuracies
+measured at the halting step."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ import pytest
 import torch
 
 from ponder.halting import (
+    NO_STEP,
     expected_steps,
+    halting_accuracies,
     halting_distribution,
     log_geometric_prior,
     log_halting_distribution,
@@ -110,9 +113,99 @@ def test_expected_steps_counts_from_one() -> None:
 
 def test_a_nan_distribution_never_halts_at_step_1() -> None:
     """An arg-max over NaN picks index 0: a diverged model would look like a one-step ponderer."""
-    from ponder.halting import NO_STEP
-
     log_p = torch.tensor([[math.nan, -0.1, -math.inf], [math.nan, -2.0, -math.inf]])  # [N=2, B=3]
     steps = sample_halting_step(log_p, torch.Generator().manual_seed(0))
     assert steps[0] == NO_STEP and steps[2] == NO_STEP  # NaN; no step with p > 0
     assert steps[1] in (0, 1)
+
+
+# -- halted, best-step and stable accuracy ------------------------------------------------------
+
+
+def _halting_at(steps: list[int], n_steps: int) -> torch.Tensor:
+    """The steps (1-based) drawn from a hand-built p that puts all its mass on them: log p [N, B]."""
+    log_p = torch.full((n_steps, len(steps)), -math.inf)
+    log_p[torch.tensor(steps) - 1, torch.arange(len(steps))] = 0.0
+    drawn = sample_halting_step(log_p, torch.Generator().manual_seed(0))
+    assert drawn.tolist() == [s - 1 for s in steps]
+    return drawn
+
+
+def _correct(bits: list[list[int]], labels: list[int]) -> torch.Tensor:
+    """Per-step correctness [N, B] of parity predictions ``bits`` [N][B] (the bit each step
+    answers) against ``labels`` [B], as the trainer scores them (logit > 0 means 1)."""
+    from ponder.tasks import accuracy
+
+    logits = torch.tensor(bits, dtype=torch.float32) * 2 - 1  # 1 -> +1, 0 -> -1     # [N, B]
+    return accuracy(logits, torch.tensor(labels, dtype=torch.float32))
+
+
+def test_every_step_right_is_right_on_all_three() -> None:
+    labels = [0, 1, 1, 0]
+    correct = _correct([labels, labels, labels], labels)
+    acc = halting_accuracies(correct, _halting_at([1, 3, 2, 3], 3))
+    assert acc == (1.0, 1.0, 1.0)
+
+
+def test_the_shortcut_is_right_by_where_it_halts_and_only_there() -> None:
+    """Every step answers the same bit for every input (step 1 says 0, step 2 says 1, step 3 says
+    0), and the network halts at step 1 on inputs whose parity is 0, at step 2 on the others:
+    halted accuracy 1, while no step is right on more than half, and none stays right."""
+    labels = [0, 1, 0, 1]
+    correct = _correct([[0] * 4, [1] * 4, [0] * 4], labels)
+    acc = halting_accuracies(correct, _halting_at([1, 2, 1, 2], 3))
+    assert acc.halted == 1.0
+    assert acc.best_step == 0.5  # each step is right on half the inputs
+    assert acc.stable == 0.0  # step 1's right answers are wrong at step 2, step 2's at step 3
+
+
+def test_right_at_the_halting_step_but_wrong_later_is_halted_not_stable() -> None:
+    """Sample a: right at its halting step 1 and at step 2, wrong at step 3 (halted, not stable).
+    Sample b: wrong at step 1, right at its halting step 2 and after (both). Sample c: wrong at its
+    halting step 1, right after (neither)."""
+    labels = [1, 1, 1]
+    correct = _correct([[1, 0, 0], [1, 1, 1], [0, 1, 1]], labels)
+    acc = halting_accuracies(correct, _halting_at([1, 2, 1], 3))
+    assert acc.halted == pytest.approx(2 / 3)
+    assert acc.stable == pytest.approx(1 / 3)
+    assert acc.best_step == 1.0  # step 2 is right on all three
+
+
+def test_no_halting_step_or_no_answer_is_nan_never_a_number() -> None:
+    """The halted-accuracy rule: a sample whose p is not a distribution (`NO_STEP`) leaves halted
+    and stable accuracy NaN; a NaN answer at a step they count does too."""
+    labels = [1, 0]
+    correct = _correct([[1, 0], [1, 0]], labels)
+    acc = halting_accuracies(correct, torch.tensor([0, NO_STEP]))
+    assert math.isnan(acc.halted) and math.isnan(acc.stable)
+    assert acc.best_step == 1.0  # the steps' answers do not depend on p
+    correct[1, 0] = math.nan  # sample 0 gives no answer at step 2, after its halting step 1
+    acc = halting_accuracies(correct, torch.tensor([0, 0]))
+    assert acc.halted == 1.0  # halted accuracy does not look at step 2
+    assert math.isnan(acc.stable) and math.isnan(acc.best_step)
+
+
+def _reference(correct: torch.Tensor, step: torch.Tensor) -> tuple[float, float, float]:
+    """The three accuracies sample by sample and step by step, as written in words."""
+    n_steps, batch = correct.shape
+    halted = sum(float(correct[step[b], b]) for b in range(batch)) / batch
+    best = max(sum(float(correct[n, b]) for b in range(batch)) / batch for n in range(n_steps))
+    stable = sum(all(correct[n, b] == 1 for n in range(int(step[b]), n_steps)) for b in range(batch)) / batch
+    return halted, best, stable
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_stable_never_above_halted_or_best_step_on_random_inputs(seed: int) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    n_steps, batch = (
+        int(torch.randint(1, 8, (1,), generator=gen)),
+        int(torch.randint(1, 40, (1,), generator=gen)),
+    )
+    correct = (torch.rand(n_steps, batch, generator=gen) < torch.rand(1, generator=gen)).float()  # [N, B]
+    log_p = torch.log_softmax(torch.randn(n_steps, batch, generator=gen) * 3, dim=0)  # [N, B]
+    step = sample_halting_step(log_p, gen)
+    acc = halting_accuracies(correct, step)
+    assert all(0.0 <= a <= 1.0 for a in acc)
+    assert acc.stable <= acc.halted
+    assert acc.stable <= float(correct[-1].mean()) <= acc.best_step  # stable ones are right at step N
+    assert acc == pytest.approx(_reference(correct, step))

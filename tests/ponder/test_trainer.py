@@ -98,6 +98,22 @@ def test_declared_metric_names_are_the_reported_ones(config: ParityConfig | Mnis
     assert set(trainer.metrics()) == declared
 
 
+def test_every_set_reports_best_step_and_stable_accuracy_below_halted() -> None:
+    """Stable accuracy counts a subset of the samples halted accuracy counts, and is right at step N."""
+    trainer = Trainer(ParityConfig(**TINY, n_nonzero_max=3))  # with an extrapolation set too
+    for _ in range(30):
+        trainer.train_step()
+    metrics = trainer.evaluate()
+    for name in eval_set_names(trainer.config):
+        halted, best, stable = (
+            metrics[f"{name}/{m}"] for m in ("halted_accuracy", "best_step_accuracy", "stable_accuracy")
+        )
+        assert all(0.0 <= a <= 1.0 for a in (halted, best, stable)), name
+        assert stable <= halted, name
+        assert best == max(metrics[f"{name}/per_step_accuracy"]), name
+        assert stable <= metrics[f"{name}/per_step_accuracy"][-1], name
+
+
 def test_evaluation_is_deterministic() -> None:
     trainer = Trainer(ParityConfig(**TINY))
     for _ in range(5):
@@ -215,6 +231,12 @@ def test_a_model_with_nan_weights_has_no_accuracy_and_no_halting_step() -> None:
         for p in trainer.model.parameters():
             p.fill_(math.nan)
     metrics = trainer.evaluate()
-    for name in ("halted_accuracy", "mean_halting_step", "expected_steps"):
+    for name in (
+        "halted_accuracy",
+        "best_step_accuracy",
+        "stable_accuracy",
+        "mean_halting_step",
+        "expected_steps",
+    ):
         assert math.isnan(metrics[f"test/{name}"]), name
     assert all(math.isnan(v) for v in metrics["test/per_step_accuracy"])

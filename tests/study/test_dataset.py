@@ -7,10 +7,11 @@ import dataclasses
 from pathlib import Path
 
 import pandas as pd
+import pyarrow as pa
 import pytest
 
 from study.dataset import COMMON_METADATA, dataset_schema, write_study_table
-from study.parquet import TrialRecord, trials_table
+from study.parquet import SCHEMA_VERSION, TrialRecord, trials_table
 from study.storage import StudyPaths, write_parquet
 
 SEARCH = """
@@ -152,3 +153,32 @@ def test_a_dataset_without_a_schema_file_keeps_every_older_study_s_columns(tmp_p
     kept = pd.read_parquet(tmp_path / "trials" / "study=old-mnist")
     assert kept.loc[0, "rot30/halted_accuracy"] == 0.5 and list(kept.columns) == schema.names
     assert list(pd.read_parquet(tmp_path / "trials" / "study=new-parity").columns) == schema.names
+
+
+def test_a_dataset_from_before_the_diagnostics_takes_them_in_as_nulls(tmp_path: Path) -> None:
+    """Schema 4 added ``<set>/best_step_accuracy`` and ``<set>/stable_accuracy``: a schema-3
+    study's file gets them as nulls when a newer study writes them, its own values unchanged, and
+    both read as one dataset."""
+    diagnostics = [
+        c
+        for c in trials_table([], "test/halted_accuracy", "max").column_names
+        if c.endswith(("/best_step_accuracy", "/stable_accuracy"))
+    ]
+    assert "test/stable_accuracy" in diagnostics and "best/hard/best_step_accuracy" in diagnostics
+    old = trials_table([_record("o", "parity", ("test",))], "test/halted_accuracy", "max").drop_columns(
+        diagnostics
+    )
+    old = old.set_column(0, "schema_version", pa.array([3], pa.int32()))
+    write_study_table(StudyPaths(str(tmp_path), "old"), "trials", old)  # the schema file lacks them
+
+    record = _record("n", "parity", ("test",))
+    record.history[0].update({"test/best_step_accuracy": 0.75, "test/stable_accuracy": 0.5})
+    new = trials_table([record], "test/halted_accuracy", "max")
+    write_study_table(StudyPaths(str(tmp_path), "new"), "trials", new)
+
+    schema = dataset_schema(str(tmp_path / "trials"))
+    assert schema is not None and set(diagnostics) <= set(schema.names)
+    df = pd.read_parquet(tmp_path / "trials").set_index("trial_id")
+    assert list(df["schema_version"].loc[["o", "n"]]) == [3, SCHEMA_VERSION]
+    assert df.loc["o", "test/halted_accuracy"] == 0.5 and pd.isna(df.loc["o", "test/stable_accuracy"])
+    assert (df.loc["n", "test/best_step_accuracy"], df.loc["n", "test/stable_accuracy"]) == (0.75, 0.5)

@@ -307,4 +307,6 @@ def test_export_rewrites_a_schema_2_study_with_its_defaults(tmp_path: Path) -> N
     assert (after["n_elems"] == 4).all() and (after["n_nonzero_max"] == 4).all()  # the spec's, resolved
     assert list(after["lambda_p"]) == list(before["lambda_p"])
     assert list(after["test/halted_accuracy"]) == list(before["test/halted_accuracy"])
+    # schema 4's diagnostics are columns now, null: the schema-2 reports did not measure them
+    assert after["test/best_step_accuracy"].isna().all() and after["hard/stable_accuracy"].isna().all()
     assert len(history(storage, "schema2-lambda")) == 4  # two reports a trial, kept

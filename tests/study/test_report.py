@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 import shutil
 from html.parser import HTMLParser
 from pathlib import Path
@@ -207,6 +208,8 @@ def _mnist_study(storage: Path, name: str, n_trials: int) -> None:
                     "test/halting_distribution": p.tolist(),
                 }
             )
+            if i != 2:  # the third trial stands for one without them (written before schema 4)
+                history[-1].update({"test/best_step_accuracy": acc, "test/stable_accuracy": acc - 0.2})
         config = {
             "task": "mnist",
             "lambda_p": lambda_p,
@@ -228,6 +231,19 @@ def test_a_study_without_easy_and_hard_sets_gets_all_six(tmp_path: Path) -> None
     index = _check(report)
     assert index.nodata == []  # the test set stands in for easy and hard; no asha.json: no rungs
     assert "Best trial: t0 " in index.summary
+
+
+def test_the_top_trials_show_halted_best_step_and_stable_accuracy_side_by_side(tmp_path: Path) -> None:
+    _mnist_study(tmp_path, "digits", n_trials=3)
+    report = write_report("digits", str(tmp_path), out=str(tmp_path / "report"))
+    _check(report)  # per_step_accuracy.png draws them beside the per-step curves
+    text = Path(report.index).read_text(encoding="utf-8")
+    table = text[text.index('<section id="top">') :]
+    headers = re.findall(r"<th>([^<]*)</th>", table)
+    at = headers.index("test/halted_accuracy")
+    assert headers[at : at + 3] == ["test/halted_accuracy", "test/best_step_accuracy", "test/stable_accuracy"]
+    first = re.findall(r"<td>([^<]*)</td>", table)[: len(headers)]  # the best trial, t0: 0.9 after 8 reports
+    assert (first[at], first[at + 1], first[at + 2]) == ("0.9", "0.9", "0.7")
 
 
 def test_a_thin_study_gets_placeholders_not_missing_files(tmp_path: Path) -> None:

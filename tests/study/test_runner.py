@@ -11,6 +11,8 @@ import optuna
 import pandas as pd
 import pytest
 
+from ponder.config import ParityConfig
+from ponder.metrics import eval_set_names
 from study.spec import load_spec
 from study.storage import StudyPaths, write_parquet
 from tests.study.conftest import cli, history, trials
@@ -41,6 +43,14 @@ def test_every_trial_is_in_parquet_with_its_config(smoke: tuple[Path, Any]) -> N
     assert df["checkpoint_path"].map(lambda p: Path(p, "trainer.pt").is_file()).all()
     assert df["test/halted_accuracy"].between(0, 1).all()
     assert (df["nan_events"] == 0).all()
+    sets = eval_set_names(ParityConfig(**SMOKE.config))
+    assert sets == ["test", "easy", "hard"]
+    for s in sets:  # the pondering diagnostics of every evaluation set (issue 13)
+        halted, best, stable = (
+            df[f"{s}/{m}"] for m in ("halted_accuracy", "best_step_accuracy", "stable_accuracy")
+        )
+        assert best.between(0, 1).all() and stable.between(0, 1).all(), s
+        assert (stable <= halted).all(), s
 
 
 def test_asha_stopped_a_trial_early(smoke: tuple[Path, Any]) -> None:

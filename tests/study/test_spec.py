@@ -584,6 +584,19 @@ def test_a_single_accuracy_objective_is_traded_against_its_sets_thinking_time() 
     assert loss.front_objectives == (("test/loss", "min"),)
 
 
+@pytest.mark.parametrize("metric", ["test/stable_accuracy", "hard/best_step_accuracy"])
+def test_the_pondering_diagnostics_are_objectives_maximised(metric: str) -> None:
+    """A study can search for honest pondering: ASHA's metric or one of several objectives."""
+    scheduler = f'[scheduler]\nmetric = "{metric}"\nmode = "max"\ngrace_period = 20'
+    spec = parse_spec(make(scheduler=scheduler), "diagnostic")
+    assert spec.scheduler is not None and (spec.metric, spec.mode) == (metric, "max")
+    with pytest.raises(SpecError, match=r'^scheduler\.mode: .*use mode = "max"'):
+        parse_spec(make(scheduler=scheduler.replace('"max"', '"min"')), "diagnostic")
+    objectives = f'[objectives]\n"{metric}" = "max"\n{STEPS_MIN}'
+    multi = parse_spec(make(scheduler="", objectives=objectives), "diagnostic")
+    assert multi.objectives == ((metric, "max"), ("test/mean_halting_step", "min"))
+
+
 def test_a_grid_is_every_combination_of_listed_values_once() -> None:
     spec = load_spec("parity-lambda-grid")
     assert spec.search.sampler == "grid" and spec.search.num_samples == 5 * 2
