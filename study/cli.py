@@ -436,13 +436,18 @@ def _read(args: argparse.Namespace, storage: str) -> int:
             print(f"wrote {written.drawn} plots{empty} and {written.index}")
             return 0
         if args.command == "evaluate":
-            from study.evaluate import EvaluateError, evaluate_trial, format_evaluation
+            from study.trial_choice import EvaluateError, choose_trial
 
             refused += (EvaluateError,)
             if args.repeats < 1:
                 _fail(f"--repeats must be >= 1, got {args.repeats}")
+            chosen = choose_trial(args.name, storage, args.trial)  # a wrong name: answered without torch
             _check_device(args.device)
-            result = evaluate_trial(args.name, storage, args.trial, device=args.device, repeats=args.repeats)
+            from study.evaluate import evaluate_trial, format_evaluation
+
+            result = evaluate_trial(
+                args.name, storage, args.trial, device=args.device, repeats=args.repeats, chosen=chosen
+            )
             print(format_evaluation(result))
             return 0
         from study.records import StudyError, load_study_spec

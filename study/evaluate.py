@@ -20,7 +20,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import pandas as pd
 import torch
 from torch import nn
 
@@ -28,16 +27,17 @@ from ponder.halting import sample_halting_step
 from ponder.model import HaltedOutput, PonderNet
 from ponder.tasks import accuracy
 from ponder.trainer import Trainer
-from study.parquet import ENDED_WITH_RESULT, ranked_trials
 from study.records import EndRecord
-from study.spec import SpecError, parse_spec
-from study.storage import CHECKPOINT_FILE, StudyPaths, join, list_studies, read_bytes, read_table
+from study.storage import CHECKPOINT_FILE, StudyPaths, join, read_bytes
+from study.trial_choice import ChosenTrial, EvaluateError, choose_trial
 
 __all__ = [
     "CHECKPOINT_FILE",
+    "ChosenTrial",
     "EvaluateError",
     "Evaluation",
     "SetEvaluation",
+    "choose_trial",
     "evaluate_trial",
     "format_evaluation",
 ]
@@ -45,10 +45,6 @@ __all__ = [
 HALTING_SEED = 104_729
 """Added to the trial's seed (and the set's index) to seed the halting coins: the same draws on every
 evaluation of a checkpoint, independent ones for each set."""
-
-
-class EvaluateError(ValueError):
-    """A study, trial or checkpoint that cannot be evaluated; the one-line message says what to do."""
 
 
 @dataclass(frozen=True)
@@ -108,25 +104,26 @@ class Evaluation:
 
 
 def evaluate_trial(
-    name: str, storage: str = "results", trial_id: str | None = None, *, device: str = "cpu", repeats: int = 1
+    name: str,
+    storage: str = "results",
+    trial_id: str | None = None,
+    *,
+    device: str = "cpu",
+    repeats: int = 1,
+    chosen: ChosenTrial | None = None,
 ) -> Evaluation:
     """Evaluate trial ``trial_id`` of study ``name`` (by default its best ended trial by the study's
     objective) with real early exit on every evaluation set, and time it against the full unroll.
 
     Raises `EvaluateError` for an unknown study or trial, a study without trials Parquet, a
     trial without checkpoint, or a checkpoint that is missing or not a weights-only file.
+    ``chosen``: the trial `choose_trial` already picked (the CLI picks it before loading torch).
     """
     if repeats < 1:
         raise EvaluateError(f"repeats must be >= 1, got {repeats}")
     paths = StudyPaths(storage, name)
-    rows = _trial_rows(paths)
-    chosen_by = None
-    if trial_id is None:
-        metric, mode = _objective(paths)
-        row = _best(rows, name, metric, mode)
-        chosen_by = f"{metric} ({mode})"
-    else:
-        row = _named(rows, name, trial_id)
+    chosen = chosen or choose_trial(name, storage, trial_id)
+    row, chosen_by = chosen.row, chosen.chosen_by
     trainer, loaded = _load(row, device, paths)
 
     full = trainer.evaluate()  # training's own path: full unroll, halting step sampled from p
@@ -210,59 +207,6 @@ def format_evaluation(e: Evaluation) -> str:
 
 
 # -- the trial and its checkpoint ------------------------------------------------------------------
-
-
-def _trial_rows(paths: StudyPaths) -> list[dict[str, Any]]:
-    if not paths.exists():
-        there = list_studies(paths.root)
-        known = f"studies there: {', '.join(there)}" if there else "no studies there"
-        raise EvaluateError(
-            f"no study named {paths.name!r} under {paths.root!r}; {known} (pass --storage for another root)"
-        )
-    table = read_table(paths.trials_parquet)
-    if table is None:
-        raise EvaluateError(
-            f"study {paths.name!r} has no trials Parquet yet ({paths.trials_parquet}); wait for a trial to "
-            f"end, or write it with `ponder-study export {paths.name}`"
-        )
-    rows: list[dict[str, Any]] = table.to_pylist()
-    return rows
-
-
-def _objective(paths: StudyPaths) -> tuple[str, str]:
-    text = read_bytes(paths.spec)
-    assert text is not None  # paths.exists() said so
-    try:
-        spec = parse_spec(text.decode("utf-8"), paths.name)
-    except SpecError as exc:
-        why = f"study {paths.name!r}: its saved spec does not parse ({exc}); pass --trial ID"
-        raise EvaluateError(why) from exc
-    return spec.metric, spec.mode
-
-
-def _best(rows: list[dict[str, Any]], name: str, metric: str, mode: str) -> dict[str, Any]:
-    ranked = ranked_trials(pd.DataFrame(rows), metric, mode)  # the report's best trial too
-    if ranked.empty:
-        raise EvaluateError(
-            f"study {name!r} has no {' or '.join(ENDED_WITH_RESULT)} trial with a value of {metric} yet; "
-            f"wait for one, or pass --trial ID ({_some_ids(rows)})"
-        )
-    return _named(rows, name, str(ranked["trial_id"].iloc[0]))
-
-
-def _named(rows: list[dict[str, Any]], name: str, trial_id: str) -> dict[str, Any]:
-    for row in rows:
-        if row.get("trial_id") == trial_id:
-            return row
-    raise EvaluateError(f"no trial {trial_id!r} in study {name!r}; {_some_ids(rows)}")
-
-
-def _some_ids(rows: list[dict[str, Any]], most: int = 5) -> str:
-    ids = [f"{r['trial_id']} ({r.get('status')})" for r in rows[:most]]
-    if not ids:
-        return "it has no trials"
-    more = f", ... ({len(rows)} in all)" if len(rows) > most else ""
-    return f"its trials: {', '.join(ids)}{more}"
 
 
 def _checkpoint_candidates(row: dict[str, Any], paths: StudyPaths) -> list[str]:

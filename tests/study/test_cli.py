@@ -349,3 +349,24 @@ def test_the_command_loads_neither_torch_nor_ray_to_check_input_or_read_a_study(
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+def test_evaluate_answers_a_wrong_trial_without_loading_torch(smoke: tuple[Path, object]) -> None:
+    """A typo in a trial id is answered from the study's Parquet, before torch is loaded."""
+    storage, _ = smoke
+    code = (
+        "import sys\n"
+        "from study.trial_choice import EvaluateError, choose_trial\n"
+        "try:\n"
+        f"    choose_trial('parity-smoke', {str(storage)!r}, 'nope')\n"
+        "except EvaluateError as e:\n"
+        "    print(e)\n"
+        "print(sorted(m for m in ('torch', 'ray') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO)
+    why, loaded = out.stdout.strip().splitlines()
+    assert "no trial 'nope' in study 'parity-smoke'" in why, out.stdout
+    assert loaded == "[]", out.stdout + out.stderr
+    done = cli("evaluate", "parity-smoke", "--trial", "nope", "--storage", str(storage))
+    assert done.returncode == 2, done.stderr
+    assert "no trial 'nope' in study 'parity-smoke'" in done.stderr.strip().splitlines()[-1], done.stderr

@@ -111,11 +111,12 @@ def test_evaluate_checks_the_device_before_the_checkpoint(smoke: tuple[Path, obj
         assert "CUDA is not available on this machine" in err
 
 
-def test_evaluate_of_an_unknown_trial_never_aborts(smoke: tuple[Path, object]) -> None:
+def test_evaluate_refused_after_loading_torch_never_aborts(smoke: tuple[Path, object]) -> None:
     """Torch and pyarrow in one process aborted at exit ("terminate called without an active
-    exception", exit 134) once in three runs under load: 50 runs, three at a time."""
+    exception", exit 134) once in three runs under load: 50 runs, three at a time, of a refusal
+    made after both are loaded (the trial read from Parquet, then torch asked for CUDA)."""
     storage, _ = smoke
-    args = ("evaluate", "parity-smoke", "--trial", "nope", "--storage", str(storage))
+    args = ("evaluate", "parity-smoke", "--device", "cuda:7", "--storage", str(storage))
     with ThreadPoolExecutor(3) as pool:
         runs = list(pool.map(lambda _: cli(*args), range(50)))
     codes = [r.returncode for r in runs]
