@@ -19,17 +19,17 @@ import os
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ray
-import torch
 from ray import tune
 
-from ponder.config import config_from_dict
-from ponder.trainer import Metrics, Trainer
 from study.parquet import WORST
 from study.records import has_ended
 from study.storage import CHECKPOINT_FILE, StudyPaths
+
+if TYPE_CHECKING:  # torch loads in the trial's process, never in the driver (about 1.5 s of CPU)
+    from ponder.trainer import Metrics, Trainer
 
 __all__ = [
     "CHECKPOINT_FILE",
@@ -75,6 +75,8 @@ def tune_metrics(metrics: Metrics, objectives: Mapping[str, str]) -> dict[str, A
 
 
 def _device_label(trainer: Trainer) -> str:
+    import torch
+
     if trainer.device.type != "cuda":
         return trainer.device.type
     return f"cuda:{trainer.device.index or 0} {torch.cuda.get_device_name(trainer.device)}"
@@ -93,6 +95,11 @@ def train_trial(
     returns at once without training or reporting: nothing runs twice, even when Tune's saved
     state lags behind the study's records.
     """
+    import torch
+
+    from ponder.config import config_from_dict
+    from ponder.trainer import Trainer
+
     torch.set_num_threads(threads)
     trial_id = tune.get_context().get_trial_id()
     if has_ended(paths, trial_id):
