@@ -35,7 +35,6 @@ import ray
 from ray import tune
 from ray.tune import Callback, CLIReporter
 from ray.tune.experiment import Trial
-from ray.tune.logger import TBXLoggerCallback
 
 from study.dataset import write_study_table
 from study.launch import crash_handler_back_for_ray_processes, raise_a_swallowed_stop
@@ -343,33 +342,12 @@ def _reporter(spec: StudySpec) -> CLIReporter:
     )
 
 
-class NoTensorBoardFiles(TBXLoggerCallback):
-    """Takes the place of the TensorBoard logger Tune adds to every run unless one is there.
-
-    A study's record is its Parquet (and each trial's ``result.json``); the logger's
-    tensorboardX loads torch into the driver (1.1 s of a `run`'s start-up) and writes an events
-    file into every trial directory that nothing here reads. A study saved before this callback
-    existed gets Tune's logger back on resume, as before."""
-
-    def __init__(self) -> None:  # no tensorboardX import
-        pass
-
-    def log_trial_start(self, trial: Trial) -> None:
-        pass
-
-    def log_trial_result(self, iteration: int, trial: Trial, result: dict[str, Any]) -> None:
-        pass
-
-    def log_trial_end(self, trial: Trial, failed: bool = False) -> None:
-        pass
-
-
 def _run_config(spec: StudySpec, paths: StudyPaths, verbose: int) -> tune.RunConfig:
     return tune.RunConfig(
         progress_reporter=_reporter(spec),
         name=paths.name,
         storage_path=paths.tune_root,
-        callbacks=[ParquetCallback(paths, spec), NoTensorBoardFiles()],
+        callbacks=[ParquetCallback(paths, spec)],
         failure_config=tune.FailureConfig(max_failures=spec.run.max_failures),
         # every checkpoint is kept: pruning can break a restore after SIGKILL (ray#27790)
         checkpoint_config=tune.CheckpointConfig(num_to_keep=None),
