@@ -229,4 +229,3 @@ def test_optuna_trials_orphaned_by_a_kill_are_marked_failed(tmp_path: Path) -> N
         done.number: optuna.trial.TrialState.COMPLETE,
         orphan.number: optuna.trial.TrialState.FAIL,
     }
-
