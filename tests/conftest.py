@@ -57,3 +57,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.get_closest_marker("slow") or RAY_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.ray)
+    # The longest modules first, each kept whole (its module fixtures start once): a test process
+    # that draws a minute-long test near the end leaves the other core idle while it finishes.
+    first = {name: rank for rank, name in enumerate(LONGEST_MODULES)}
+    items.sort(key=lambda item: first.get(item.path.name, len(first)))
+
+
+LONGEST_MODULES = (
+    "test_kill_campaign.py",
+    "test_resume.py",
+    "test_cluster.py",
+    "test_stops.py",
+    "test_location.py",
+)
+"""Test modules by their wall time in the suite (`--durations`), longest first."""

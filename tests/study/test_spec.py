@@ -29,6 +29,10 @@ SHIPPED = [
     "parity-lambda-grid",
     "parity-pareto",
     "parity-smoke",
+    "ponder-difficulty-paper",
+    "ponder-difficulty-seeds",
+    "ponder-extrapolation-seeds",
+    "ponder-honest-search",
 ]
 
 # a small valid spec in parts; a bad case replaces one part
