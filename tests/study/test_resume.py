@@ -5,6 +5,7 @@ users run it) and off (``--quiet``): a resumed study keeps the table of its firs
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 
@@ -144,14 +145,17 @@ def test_sigkill_as_a_trial_ends_then_resume(
     _resume_and_check(tmp_path, tmp_path, table)
 
 
-def test_resume_of_a_finished_study_runs_nothing(smoke: tuple[Path, object]) -> None:
-    storage, _ = smoke
+def test_resume_of_a_finished_study_runs_nothing(smoke: tuple[Path, object], tmp_path: Path) -> None:
+    storage = tmp_path / "storage"  # a copy: the session's smoke study stays as `run` left it
+    shutil.copytree(smoke[0], storage)
     before = trials(storage, NAME)
     lines = _result_lines(storage)
     done = cli("resume", NAME, "--storage", str(storage), "--quiet")
     assert done.returncode == 0, done.stderr[-2000:]
     assert _result_lines(storage) == lines
+    after = trials(storage, NAME)
+    assert after["checkpoint_path"].str.startswith(str(storage)).all()  # the copy's own checkpoints
     pd.testing.assert_frame_equal(
-        before.sort_values("trial_id").reset_index(drop=True),
-        trials(storage, NAME).sort_values("trial_id").reset_index(drop=True),
+        before.drop(columns="checkpoint_path").sort_values("trial_id").reset_index(drop=True),
+        after.drop(columns="checkpoint_path").sort_values("trial_id").reset_index(drop=True),
     )
