@@ -1,4 +1,4 @@
-"""Time one parity training iteration: this library against the seeds' formulation.
+"""Time one parity training iteration: this library, eager and compiled, against the seeds' formulation.
 
 Shapes from the issue: n_elems 15, max_steps 20, batch 128, hidden 64, CPU, 2 threads. The
 baseline (`bench/seeds_baseline.py`) builds samples one at a time through a DataLoader,
@@ -8,15 +8,23 @@ computes p as a product, loops over steps in the reconstruction loss and takes
 Each side runs in its own fresh worker process, as each would run for real (ponder's trainer
 changes process-wide malloc settings, see `ponder/cpu.py`, which the seeds' code would not
 have), and the workers alternate for several rounds so that a busy moment of the machine hits
-both alike. Prints both medians and, as its last line, ``speedup <baseline / ours>``.
+all alike. ``compiled`` is `Trainer` with ``compile = "on"``: its first iteration, which
+compiles (or loads the compile from Inductor's cache, `ponder.compiled`), is timed apart from
+the iterations; the first round's compile is cold only if the cache has no entry for these
+shapes and thread count (``--cache DIR`` picks the cache; default the one trials share).
+
+Prints each mode's median and, as its last line, ``speedup <seeds / mode>`` for the mode a
+parity trial with the default config uses on this device (`ponder.compiled.should_compile`).
 
     .venv/bin/python bench/iteration_speed.py [--iterations 1000] [--rounds 5] [--threads 2]
+        [--modes seeds,eager,compiled] [--cache DIR]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import statistics
 import subprocess
@@ -28,10 +36,13 @@ import torch
 
 HERE = Path(__file__).resolve().parent
 SHAPES = {"n_elems": 15, "max_steps": 20, "batch_size": 128, "n_hidden": 64}
+MODES = ("seeds", "eager", "compiled")
+NAMES = {"seeds": "seeds' formulation", "eager": "ponder, eager", "compiled": "ponder, compiled"}
 
 
 def worker(which: str, iterations: int, warmup: int, threads: int) -> dict[str, list[float] | float]:
-    """Seconds per training iteration of one side, and page faults per iteration, in this process."""
+    """Seconds per training iteration of one mode, the first iteration's seconds (the compile, for
+    ``compiled``), and page faults per iteration, in this process."""
     torch.set_num_threads(threads)
     torch.manual_seed(0)
     if which == "seeds":
@@ -42,7 +53,12 @@ def worker(which: str, iterations: int, warmup: int, threads: int) -> dict[str, 
     else:
         from ponder import ParityConfig, Trainer
 
-        step = Trainer(ParityConfig(**SHAPES, lr=3e-4, device="cpu")).train_step  # type: ignore[assignment]
+        compile = "on" if which == "compiled" else "off"
+        config = ParityConfig(**SHAPES, lr=3e-4, device="cpu", compile=compile)
+        step = Trainer(config).train_step  # type: ignore[assignment]
+    start = time.perf_counter()
+    step()
+    first = time.perf_counter() - start
     for _ in range(warmup):
         step()
     times = []
@@ -52,7 +68,16 @@ def worker(which: str, iterations: int, warmup: int, threads: int) -> dict[str, 
         step()
         times.append(time.perf_counter() - start)
     faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
-    return {"times": times, "faults": faults / iterations}
+    return {"times": times, "first": first, "faults": faults / iterations}
+
+
+def default_mode() -> str:
+    """The mode a parity trial with the default config uses on the CPU."""
+    from ponder import ParityConfig
+    from ponder.compiled import should_compile
+
+    config = ParityConfig()
+    return "compiled" if should_compile(config.compile, torch.device("cpu"), config.iterations) else "eager"
 
 
 def main() -> None:
@@ -63,34 +88,47 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5, help="alternating worker processes per side")
     parser.add_argument("--warmup", type=int, default=30, help="untimed iterations per worker")
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
-    parser.add_argument("--worker", choices=["ours", "seeds"], help=argparse.SUPPRESS)
+    parser.add_argument("--modes", default=",".join(MODES), help="comma-separated, of " + ", ".join(MODES))
+    parser.add_argument("--cache", help="Inductor cache directory (default: the one trials share)")
+    parser.add_argument("--worker", choices=MODES, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         print(json.dumps(worker(args.worker, args.iterations, args.warmup, args.threads)))
         return
+    if args.cache:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(Path(args.cache).resolve())
 
+    modes = [m for m in MODES if m in args.modes.split(",")]
     per_round = max(1, args.iterations // args.rounds)
-    times: dict[str, list[float]] = {"seeds": [], "ours": []}
-    faults: dict[str, list[float]] = {"seeds": [], "ours": []}
+    times: dict[str, list[float]] = {m: [] for m in modes}
+    faults: dict[str, list[float]] = {m: [] for m in modes}
+    firsts: dict[str, list[float]] = {m: [] for m in modes}
     for r in range(args.rounds):
-        for which in times:
+        for which in modes:
             cmd = [sys.executable, __file__, "--worker", which, "--iterations", str(per_round)]
             cmd += ["--warmup", str(args.warmup), "--threads", str(args.threads)]
             out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
             result = json.loads(out)
             times[which] += result["times"]
             faults[which].append(result["faults"])
+            firsts[which].append(result["first"])
             median = statistics.median(result["times"]) * 1e3
-            print(f"round {r + 1}/{args.rounds} {which:5s} median {median:6.2f} ms", end="")
-            print(f", {result['faults']:.0f} page faults/iteration")
+            print(f"round {r + 1}/{args.rounds} {which:8s} median {median:6.2f} ms", end="")
+            print(f", {result['faults']:.0f} page faults/iteration, first iteration {result['first']:.1f} s")
 
-    seeds_ms = statistics.median(times["seeds"]) * 1e3
-    ours_ms = statistics.median(times["ours"]) * 1e3
-    print(f"shapes: {SHAPES}, CPU, {args.threads} threads, {len(times['ours'])} iterations each")
-    for name, which, ms in (("seeds' formulation", "seeds", seeds_ms), ("ponder", "ours", ours_ms)):
-        page_faults = statistics.mean(faults[which])
-        print(f"{name:<19} median {ms:7.2f} ms/iteration, {page_faults:6.0f} page faults/iteration")
-    print(f"speedup {seeds_ms / ours_ms:.2f}")
+    print(f"shapes: {SHAPES}, CPU, {args.threads} threads, {len(times[modes[0]])} iterations each")
+    ms = {m: statistics.median(times[m]) * 1e3 for m in modes}
+    for m in modes:
+        page_faults = statistics.mean(faults[m])
+        print(f"{NAMES[m]:<19} median {ms[m]:7.2f} ms/iteration, {page_faults:6.0f} page faults/iteration")
+    if "compiled" in modes:
+        first, *rest = firsts["compiled"]
+        warm = f", later rounds (warm cache) median {statistics.median(rest):.1f} s" if rest else ""
+        print(f"compile (first iteration of a compiled worker): first round {first:.1f} s{warm}")
+    mode = default_mode()
+    if "seeds" in modes and mode in modes:
+        print(f"default mode for a parity trial on the CPU: {mode}")
+        print(f"speedup {ms['seeds'] / ms[mode]:.2f}")
 
 
 if __name__ == "__main__":

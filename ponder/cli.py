@@ -57,7 +57,11 @@ def field_docs(cls: type) -> dict[str, str]:
     return docs
 
 
-_CHOICES = {"KLDirection": ("forward", "reverse"), "PriorTail": ("renormalise", "last_step", "truncate")}
+_CHOICES = {
+    "KLDirection": ("forward", "reverse"),
+    "PriorTail": ("renormalise", "last_step", "truncate"),
+    "CompileMode": ("auto", "on", "off"),
+}
 _TYPES: dict[str, Any] = {"float": float, "int": int, "str": str, "int | None": int, "str | None": str}
 
 
@@ -88,8 +92,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--resume",
         metavar="PATH",
-        help="continue the run saved in this checkpoint; only --iterations (to train longer) "
-        "and --device may change",
+        help="continue the run saved in this checkpoint; only --iterations (to train longer), "
+        "--device and --compile may change",
     )
     run.add_argument("--threads", type=int, metavar="N", help="torch CPU threads (default: torch's choice)")
     owners: dict[str, list[str]] = {}  # field name -> the tasks that have it
@@ -141,8 +145,9 @@ def _config(args: argparse.Namespace) -> TaskConfig:
     return cls(**values)
 
 
-RESUME_OVERRIDES = ("iterations", "device")
-"""Config fields a resumed run may change: the others would make it another run."""
+RESUME_OVERRIDES = ("iterations", "device", "compile")
+"""Config fields a resumed run may change: the others would make it another run (compiled and
+eager steps compute the same numbers)."""
 
 
 def _resume(args: argparse.Namespace) -> Trainer:
@@ -153,7 +158,7 @@ def _resume(args: argparse.Namespace) -> Trainer:
             f"{_flag(refused[0])} cannot change a resumed run; only "
             f"{', '.join(_flag(k) for k in RESUME_OVERRIDES)} can (start a new run for other values)"
         )
-    trainer = Trainer.from_checkpoint(args.resume, device=given.get("device"))
+    trainer = Trainer.from_checkpoint(args.resume, device=given.get("device"), compile=given.get("compile"))
     if "iterations" in given:
         try:
             trainer.set_iterations(given["iterations"])

@@ -14,9 +14,13 @@ PriorTail = Literal["renormalise", "last_step", "truncate"]
 KLDirection = Literal["forward", "reverse"]
 """``forward``: KL(p || p_G), the paper's. ``reverse``: KL(p_G || p), the seeds' (labml) one
 (`ponder.losses.kl_to_prior`)."""
+CompileMode = Literal["auto", "on", "off"]
+"""Whether the training step runs through ``torch.compile``: ``auto`` where it pays (see
+`ponder.compiled.should_compile`), ``on``, ``off``."""
 
 __all__ = [
     "CONFIGS",
+    "CompileMode",
     "ConfigError",
     "KLDirection",
     "MnistConfig",
@@ -69,6 +73,9 @@ class PonderConfig:
     """Where the geometric prior's mass beyond max_steps goes: renormalise, last_step, truncate (seeds)."""
     device: str = "auto"
     """Torch device: auto (CUDA when there is one), cpu, cuda, cuda:1, ..."""
+    compile: CompileMode = "auto"
+    """torch.compile the training step: auto (on CUDA, and on the CPU for runs of 40,000
+    iterations or more, where a cold compile pays back), on, off. Same numbers either way."""
 
     def __post_init__(self) -> None:
         self._check_types()
@@ -113,6 +120,7 @@ class PonderConfig:
             self.prior_tail,
             "renormalise, last_step or truncate",
         )
+        _check(self.compile in ("auto", "on", "off"), "compile", self.compile, "auto, on or off")
         _check(
             self.device == "auto" or self.device.split(":")[0] in ("cpu", "cuda", "mps"),
             "device",

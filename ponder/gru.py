@@ -17,6 +17,10 @@ Equations (PyTorch's gate order r, z, c -- its "n" gate, called c here; sigma = 
 
 `gru_unroll` equals N calls of ``nn.GRUCell`` with the same weights; tests check values
 and gradients against it.
+
+`gru_unroll_plain` is the same equations in plain tensor ops, with autograd's own backward:
+slower eagerly, but visible to ``torch.compile``, which cannot look inside the autograd
+Function and so can fuse neither its forward nor its backward.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from typing import Any
 import torch
 from torch.autograd.function import FunctionCtx, once_differentiable
 
-__all__ = ["gru_unroll"]
+__all__ = ["gru_unroll", "gru_unroll_plain"]
 
 
 class _ConstantInputGRU(torch.autograd.Function):
@@ -128,3 +132,25 @@ def gru_unroll(
     """h_1 .. h_N ``[N, B, H]`` of a GRU cell applied N times to the same ``x`` ``[B, I]``."""
     out: torch.Tensor = _ConstantInputGRU.apply(x, h0, w_ih, w_hh, b_ih, b_hh, n_steps)  # type: ignore[no-untyped-call]
     return out
+
+
+def gru_unroll_plain(
+    x: torch.Tensor,
+    h0: torch.Tensor,
+    w_ih: torch.Tensor,
+    w_hh: torch.Tensor,
+    b_ih: torch.Tensor,
+    b_hh: torch.Tensor,
+    n_steps: int,
+) -> torch.Tensor:
+    """`gru_unroll` in plain tensor ops, for the compiler to trace, fuse and differentiate."""
+    gi_r, gi_z, gi_c = torch.addmm(b_ih, x, w_ih.t()).chunk(3, dim=1)  # once    # [B, H] each
+    h, states = h0, []
+    for _ in range(n_steps):
+        gh_r, gh_z, gh_c = torch.addmm(b_hh, h, w_hh.t()).chunk(3, dim=1)  # [B, H] each
+        r = torch.sigmoid(gi_r + gh_r)
+        z = torch.sigmoid(gi_z + gh_z)
+        c = torch.tanh(gi_c + r * gh_c)
+        h = c + z * (h - c)  # (1 - z) c + z h_n
+        states.append(h)
+    return torch.stack(states)  # [N, B, H]

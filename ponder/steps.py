@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ponder.gru import gru_unroll
+from ponder.gru import gru_unroll, gru_unroll_plain
 from ponder.model import StepFunction
 
 __all__ = ["MnistStep", "ParityStep"]
@@ -18,6 +18,9 @@ class ParityStep(StepFunction):
 
     The training unroll runs `ponder.gru.gru_unroll` on the cell's weights: the same numbers
     as N ``GRUCell`` calls, with a hand-written backward pass that is several times cheaper.
+    Under ``torch.compile`` it runs `ponder.gru.gru_unroll_plain` instead, the same equations
+    in plain ops, which the compiler can fuse forward and backward (the autograd Function is
+    opaque to it).
     """
 
     def __init__(self, n_elems: int, n_hidden: int) -> None:
@@ -43,7 +46,8 @@ class ParityStep(StepFunction):
     def unroll(self, ctx: torch.Tensor, h: torch.Tensor, n_steps: int) -> torch.Tensor:
         """N GRU steps on the same input, ``[N, B, H]``, through the fused `gru_unroll`."""
         c = self.cell
-        return gru_unroll(ctx, h, c.weight_ih, c.weight_hh, c.bias_ih, c.bias_hh, n_steps)
+        unroll = gru_unroll_plain if torch.compiler.is_compiling() else gru_unroll
+        return unroll(ctx, h, c.weight_ih, c.weight_hh, c.bias_ih, c.bias_hh, n_steps)
 
     def heads(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(parity logit, lambda logit), each ``h.shape[:-1]``."""

@@ -18,13 +18,14 @@ from typing import IO, Any
 import torch
 from torch.nn.utils import clip_grad_norm_
 
-from ponder.config import TaskConfig, config_from_dict
+from ponder.compiled import share_compile_cache, should_compile
+from ponder.config import CompileMode, KLDirection, TaskConfig, config_from_dict
 from ponder.cpu import keep_freed_memory
 from ponder.data.mnist import MnistData
 from ponder.halting import expected_steps, halting_accuracies, log_geometric_prior, sample_halting_step
 from ponder.losses import kl_to_prior, per_step_cross_entropy, reconstruction_loss
 from ponder.metrics import OUTCOMES, SET_LIST_METRICS, SET_METRICS, TIMING_KEYS, TRAIN_METRICS
-from ponder.model import PonderOutput
+from ponder.model import PonderNet, PonderOutput
 from ponder.tasks import accuracy, build_task
 
 __all__ = [
@@ -33,14 +34,49 @@ __all__ = [
     "SET_METRICS",
     "TIMING_KEYS",
     "TRAIN_METRICS",
+    "LossFn",
     "Metrics",
     "StepResult",
     "Trainer",
+    "forward_loss",
+    "ponder_loss",
     "resolve_device",
 ]
 
 Metrics = dict[str, Any]
 """One evaluation's metrics: floats, ints, the outcome string, and per-step lists."""
+
+
+Losses = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+LossFn = Callable[[PonderNet, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], Losses]
+"""`forward_loss` with its direction bound: (model, x, y, log prior, beta) -> (L, L_rec, L_reg)."""
+
+
+def ponder_loss(
+    out: PonderOutput,
+    y: torch.Tensor,
+    log_prior: torch.Tensor,
+    beta: float | torch.Tensor,
+    kl_direction: KLDirection,
+) -> Losses:
+    """(L, L_rec, L_reg) with L = L_rec + beta * L_reg."""
+    rec = reconstruction_loss(out.log_p, per_step_cross_entropy(out.y_hat, y))
+    reg = kl_to_prior(out.log_p, log_prior, kl_direction)
+    return rec + beta * reg, rec, reg
+
+
+def forward_loss(
+    model: PonderNet,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    log_prior: torch.Tensor,
+    beta: torch.Tensor,
+    kl_direction: KLDirection = "forward",
+) -> Losses:
+    """The training forward pass and its loss, what `Trainer` compiles. lambda_p (through
+    ``log_prior``) and ``beta`` are tensor inputs, not constants baked into the graph, so
+    trials that differ only in them share one compiled graph and its cache entry."""
+    return ponder_loss(model(x), y, log_prior, beta, kl_direction)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -78,6 +114,10 @@ class Trainer:
         self.log_prior = log_geometric_prior(config.lambda_p, config.max_steps, config.prior_tail).to(
             self.device
         )
+        self.compiled = should_compile(config.compile, self.device, config.iterations)
+        """Whether `train_step` runs the forward pass and loss through ``torch.compile``."""
+        self._beta = torch.tensor(config.beta, device=self.device)  # float32, as the loss is
+        self._forward_loss = self._make_forward_loss(self.compiled)
         self.iteration = 0
         self.nan_events = 0
         self.outcome = "running"
@@ -87,11 +127,33 @@ class Trainer:
         self._interval_start = (0, 0.0)  # (iteration, train_time_s) at the last evaluation
 
     # -- the loss ---------------------------------------------------------------------------
-    def loss(self, out: PonderOutput, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def loss(self, out: PonderOutput, y: torch.Tensor) -> Losses:
         """(L, L_rec, L_reg) with L = L_rec + beta * L_reg."""
-        rec = reconstruction_loss(out.log_p, per_step_cross_entropy(out.y_hat, y))
-        reg = kl_to_prior(out.log_p, self.log_prior, self.config.kl_direction)
-        return rec + self.config.beta * reg, rec, reg
+        return ponder_loss(out, y, self.log_prior, self._beta, self.config.kl_direction)
+
+    def _make_forward_loss(self, compiled: bool) -> LossFn:
+        """`forward_loss` for this config's KL direction, through ``torch.compile`` if ``compiled``.
+
+        Only the function is compiled, never ``self.model``: the model's state_dict keys stay
+        as they are (no ``_orig_mod.``), so checkpoints load either way."""
+        direction = self.config.kl_direction
+
+        def fn(
+            model: PonderNet, x: torch.Tensor, y: torch.Tensor, log_prior: torch.Tensor, beta: torch.Tensor
+        ) -> Losses:
+            return forward_loss(model, x, y, log_prior, beta, direction)
+
+        if not compiled:
+            return fn
+        share_compile_cache()
+        # static shapes: a run's training batch never changes shape
+        return torch.compile(fn, dynamic=False)
+
+    def set_compile(self, mode: CompileMode) -> None:
+        """Switch the training step between compiled and eager (a resumed run may change it)."""
+        self.config.compile = mode
+        self.compiled = should_compile(mode, self.device, self.config.iterations)
+        self._forward_loss = self._make_forward_loss(self.compiled)
 
     # -- training -----------------------------------------------------------------------------
     def train_step(self, batch: tuple[torch.Tensor, torch.Tensor] | None = None) -> StepResult:
@@ -100,7 +162,7 @@ class Trainer:
         start = time.perf_counter()
         x, y = batch if batch is not None else self.sample_batch(self.generator)
         self.model.train()
-        loss, rec, reg = self.loss(self.model(x), y)
+        loss, rec, reg = self._forward_loss(self.model, x, y, self.log_prior, self._beta)
         self.optimizer.zero_grad(set_to_none=True)
         grad_norm = math.nan
         finite = bool(torch.isfinite(loss))
@@ -277,21 +339,30 @@ class Trainer:
         source: str | os.PathLike[str] | IO[bytes],
         mnist: MnistData | None = None,
         device: str | None = None,
+        compile: CompileMode | None = None,
     ) -> Trainer:
         """A trainer restored from `save`'s file, a path or an open binary file (``io.BytesIO``
         of bytes read from remote storage), loaded with ``weights_only=True``: tensors and plain
         containers only, so a tampered checkpoint cannot run code."""
-        return cls.from_state(torch.load(source, map_location="cpu", weights_only=True), mnist, device)
+        state = torch.load(source, map_location="cpu", weights_only=True)
+        return cls.from_state(state, mnist, device, compile)
 
     @classmethod
     def from_state(
-        cls, state: dict[str, Any], mnist: MnistData | None = None, device: str | None = None
+        cls,
+        state: dict[str, Any],
+        mnist: MnistData | None = None,
+        device: str | None = None,
+        compile: CompileMode | None = None,
     ) -> Trainer:
         """A trainer built from the config inside ``state`` (`state_dict`'s dict) and restored from
-        it; ``device`` replaces the config's device (``cpu`` to evaluate a GPU run's checkpoint)."""
+        it; ``device`` replaces the config's device (``cpu`` to evaluate a GPU run's checkpoint),
+        ``compile`` its compile mode (compiled and eager steps are interchangeable)."""
         values = dict(state["config"])
         if device is not None:
             values["device"] = device
+        if compile is not None:
+            values["compile"] = compile
         trainer = cls(config_from_dict(values), mnist)
         trainer.load_state_dict(state)
         return trainer
