@@ -5,8 +5,11 @@ and history Parquet, ASHA's ``asha.json``; local or ``s3://``, no Ray, no Tune) 
 directory that can be moved, mailed or served as it is: one PNG per plot and an ``index.html``
 with relative links only, no scripts, no external fonts or styles::
 
-    results/reports/<name>/index.html               summary, the plots, the top 10 trials
-    results/reports/<name>/sensitivity.png          accuracy and halting step against lambda_p
+    results/reports/<name>/index.html               summary, the plots, means and 95 % intervals
+                                                    over seeds (`study.seeds`), the top 10 trials
+    results/reports/<name>/sensitivity.png          accuracy and halting step against lambda_p;
+                                                    per configuration, mean and 95 % interval over
+                                                    seeds where a study repeats it under several
     results/reports/<name>/pareto.png               accuracy against thinking time, the front marked
     results/reports/<name>/halting_distribution.png the best trial's p_n against the prior p_G
     results/reports/<name>/per_step_accuracy.png    accuracy if halted at step n, top 5 trials;
@@ -43,6 +46,7 @@ from ponder.config import CONFIGS
 from ponder.halting import PriorTail, log_geometric_prior
 from ponder.metrics import CHANCE
 from study.parquet import fill_config_defaults, pareto_marks, ranked_trials
+from study.seeds import GAP, SEED_METRICS, seed_intervals
 from study.spec import NAME_PATTERN, SpecError, StudySpec, parse_spec
 from study.storage import StudyPaths, is_remote, join, read_bytes, read_json, read_table, write_bytes
 
@@ -146,6 +150,22 @@ class _Study:
 
     def ranked(self) -> pd.DataFrame:
         return ranked_trials(self.trials, self.metric, self.spec.mode)
+
+    def seeds(self) -> pd.DataFrame:
+        """Mean and 95 % interval over seeds per configuration (`seed_intervals`): grouped by the
+        searched fields but the seed, and by lambda_p, which the sensitivity plot puts on its x
+        axis (a constant where it is not searched, so it splits no configuration). Empty where
+        the study repeats no configuration under two seeds or more."""
+        metrics = [
+            self.accuracy,
+            self.best_step,
+            self.stable,
+            self.steps,
+            *SEED_METRICS,
+            *(m for m, _ in self.spec.objectives),
+        ]
+        by = ["lambda_p", *(d.name for d in self.spec.space)]
+        return seed_intervals(self.trials, by=by, metrics=list(dict.fromkeys(metrics)))
 
 
 # -- public -------------------------------------------------------------------------------------
@@ -355,6 +375,7 @@ def _sensitivity(study: _Study) -> Figure:
     fig = Figure(figsize=(12, 4.8), layout="constrained")
     fig.suptitle(f"{study.name}: sensitivity to $\\lambda_p$ ({study.set_name} set)")
     axes = fig.subplots(1, 2, sharex=True)
+    seeds = study.seeds()
     for ax, (col, what) in zip(axes, panels, strict=True):
         df = _finite(study.trials, "lambda_p", col)
         ax.set_xlabel("$\\lambda_p$ (prior's halting probability per step)")
@@ -365,6 +386,11 @@ def _sensitivity(study: _Study) -> Figure:
             ax.text(0.5, 0.5, f"no trial has a finite {col}", transform=ax.transAxes, ha="center")
             continue
         _scatter_by_status(ax, df, "lambda_p", col)
+        intervals = _finite(seeds[seeds["metric"] == col], "lambda_p") if not seeds.empty else seeds
+        if not intervals.empty:  # configurations repeated under seeds: their means and intervals
+            _seed_errorbars(ax, intervals, df["lambda_p"].astype(float))
+            ax.legend(fontsize=8, title="bars: 95 % interval over seeds (Student t)", title_fontsize=8)
+            continue
         groups = df.assign(_lp=df["lambda_p"].astype(float).round(4)).groupby("_lp")[col]
         stats = groups.agg(["mean", "min", "max", "count"]).sort_index()
         if (stats["count"] > 1).any():
@@ -392,6 +418,39 @@ def _sensitivity(study: _Study) -> Figure:
             )
         ax.legend(fontsize=8)
     return fig
+
+
+_SERIES_COLOURS = ("black", "tab:green", "tab:brown", "tab:pink", "tab:olive", "tab:cyan", "navy", "gold")
+"""One per configuration of the other searched fields in the sensitivity plot: none a status's."""
+
+
+def _seed_errorbars(ax: Axes, intervals: pd.DataFrame, lambda_ps: pd.Series) -> None:
+    """Each configuration's mean over its seeds against lambda_p, its 95 % interval as bars: one
+    line per value of the searched fields other than lambda_p, side by side around the value."""
+    keys = list(intervals.columns[: list(intervals.columns).index("metric")])
+    others = [k for k in keys if k != "lambda_p"]
+    series = list(intervals.groupby(others, sort=False, dropna=False)) if others else [((), intervals)]
+    span = float(lambda_ps.max() - lambda_ps.min()) or max(abs(float(lambda_ps.iloc[0])), 1.0) * 0.1
+    step = 0.012 * span
+    for i, (key, part) in enumerate(series):
+        part = part.sort_values("lambda_p")
+        values = key if isinstance(key, tuple) else (key,)
+        name = ", ".join(f"{k}={_num(v, 3)}" for k, v in zip(others, values, strict=True))
+        counts = sorted({int(c) for c in part["n"]})
+        n = f"n={counts[0]}" if len(counts) == 1 else f"n={counts[0]}-{counts[-1]}"
+        ax.errorbar(
+            part["lambda_p"].astype(float) + (i - (len(series) - 1) / 2) * step,
+            part["mean"].astype(float),
+            yerr=part["half_width"].astype(float),
+            color=_SERIES_COLOURS[i % len(_SERIES_COLOURS)],
+            lw=1.2,
+            capsize=4,
+            marker="D",
+            markersize=5,
+            markerfacecolor="white",
+            label=f"{name + ': ' if name else ''}mean over seeds ({n})",
+            zorder=4,
+        )
 
 
 def _pareto(study: _Study) -> Figure:
@@ -720,10 +779,17 @@ footer { color: #777; font-size: 0.85em; margin-top: 3em; }
 def _captions(study: _Study) -> dict[str, str]:
     s, m = study.set_name, study.metric
     rungs = ", ASHA's rungs dotted" if _milestones(study.asha) else ""
+    spread = (
+        "where the study repeats a configuration under several seeds, the diamonds are each "
+        "configuration's mean over its seeds and the bars its 95 % interval (Student t), one line per "
+        "value of the searched fields other than lambda_p and seed (the table below gives the numbers)."
+        if not study.seeds().empty
+        else "where several trials share a lambda_p value (seeds), the line is their mean and the bars "
+        "their range."
+    )
     return {
         "sensitivity": f"Halted accuracy and mean halting step on the {s} set against lambda_p, one point "
-        "per trial coloured by status; where several trials share a lambda_p value (seeds), the line is "
-        "their mean and the bars their range.",
+        f"per trial coloured by status; {spread}",
         "pareto": f"Accuracy against thinking time on the {s} set: each trial's halted accuracy against its "
         "mean halting step; the ringed trials are the Pareto front, those no other trial beats on both.",
         "halting_distribution": "The best trial's halting distribution p_n (bars, the mean over the set) "
@@ -778,6 +844,15 @@ def _index_html(study: _Study, missing: dict[str, str]) -> str:
         f"<li>Searched ({e(spec.search.sampler)} sampler): {e(space)}</li>",
         f"<li>Best trial: {best_line}</li>",
     ]
+    seeds = study.seeds()
+    if not seeds.empty:
+        keys = list(seeds.columns[: list(seeds.columns).index("metric")])
+        configs = len(seeds.drop_duplicates(keys)) if keys else 1
+        summary.append(
+            f"<li>Seeds: {configs} configuration{'s' if configs != 1 else ''} run under "
+            f"{_range(seeds['n'])} seeds; their means and 95 % intervals are in the table after the "
+            "plots</li>"
+        )
     parts = [
         "<!doctype html>",
         '<html lang="en">',
@@ -807,6 +882,14 @@ def _index_html(study: _Study, missing: dict[str, str]) -> str:
         if key in missing:
             parts.append(f'<p class="nodata">No data: {e(missing[key])}.</p>')
         parts += [f'<img src="{key}.png" alt="{e(title)} for study {e(study.name)}">', "</section>"]
+    if not seeds.empty:
+        parts += [
+            '<section id="seeds">',
+            "<h2>Mean and 95 % interval over seeds</h2>",
+            f"<p>{e(_SEEDS_CAPTION)}</p>",
+            _seeds_table(seeds),
+            "</section>",
+        ]
     parts += [
         '<section id="top">',
         f"<h2>Top {TABLE_ROWS} trials by {e(study.metric)}</h2>",
@@ -848,6 +931,47 @@ def _top_table(study: _Study, ranked: pd.DataFrame) -> str:
     table.insert(0, "rank", range(1, len(table) + 1))
     text: str = table.to_html(
         index=False, na_rep="", border=0, float_format=lambda v: f"{v:.4g}", classes="trials"
+    )
+    return text
+
+
+_SEEDS_CAPTION = (
+    "One row per configuration (the searched fields but the seed) run under two seeds or more, "
+    "trials that ended with a result only. Each cell: the mean over the seeds, then the 95 % "
+    "interval mean ± t(0.975, n−1)·sd/√n in brackets; n, the number of seeds, where a metric has "
+    f"fewer values than the row. {GAP}: each trial's easy minus hard mean halting step, then "
+    "averaged (negative: hard inputs take more steps)."
+)
+
+
+def _range(counts: pd.Series) -> str:
+    """``3`` or ``2-3``: the smallest and largest of some counts."""
+    low, high = int(counts.min()), int(counts.max())
+    return str(low) if low == high else f"{low}-{high}"
+
+
+def _seeds_table(seeds: pd.DataFrame) -> str:
+    """`seed_intervals`' rows as one row per configuration, one column per metric."""
+    keys = list(seeds.columns[: list(seeds.columns).index("metric")])
+    metrics = list(dict.fromkeys(seeds["metric"]))
+    rows: list[dict[str, Any]] = []
+    groups = seeds.groupby(keys, sort=False, dropna=False) if keys else [((), seeds)]
+    for key, part in groups:
+        values = key if isinstance(key, tuple) else (key,)
+        seeds_run = int(part["n"].max())
+        row: dict[str, Any] = {k: _num(v) for k, v in zip(keys, values, strict=True)}
+        row["seeds"] = seeds_run
+        by_metric = part.set_index("metric")
+        for metric in metrics:
+            if metric not in by_metric.index:
+                row[metric] = ""
+                continue
+            r = by_metric.loc[metric]
+            n = f" (n={int(r['n'])})" if int(r["n"]) != seeds_run else ""
+            row[metric] = f"{_num(r['mean'])} [{_num(r['low'])}, {_num(r['high'])}]{n}"
+        rows.append(row)
+    text: str = pd.DataFrame(rows, columns=[*keys, "seeds", *metrics]).to_html(
+        index=False, border=0, classes="seeds"
     )
     return text
 

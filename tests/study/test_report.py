@@ -273,3 +273,93 @@ def test_a_study_with_no_ended_trial_yet_still_gets_all_six(tmp_path: Path) -> N
     assert len(index.nodata) == 2 and all("completed or early-stopped" in n for n in index.nodata)
     assert report.drawn == 4 and len(report.missing) == 2
     assert "Best trial: no completed or early-stopped trial" in index.summary
+
+
+SEEDED = {  # lambda_p -> (halted accuracy, easy and hard mean halting step) per seed 0, 1, 2
+    0.1: ((0.9, 1.0, 0.95), (6.0, 7.0, 8.0), (4.0, 4.0, 5.0)),
+    0.3: ((0.7, 0.8, 0.9), (3.0, 3.0, 3.0), (4.0, 5.0, 6.0)),
+}
+
+
+def _seeded_study(storage: Path, name: str) -> None:
+    """``ponder-difficulty-paper`` written by hand through the Parquet contract: lambda_p 0.1
+    and 0.3, three seeds each, every trial completed after two reports with the numbers above."""
+    from study.parquet import TrialRecord, history_table, trials_table
+
+    paths = StudyPaths(str(storage), name)
+    write_bytes(paths.spec, (SPECS_DIR / "ponder-difficulty-paper.toml").read_bytes())
+    records = []
+    for lambda_p, (accs, easy, hard) in SEEDED.items():
+        for seed in range(3):
+            history = []
+            for r in (1, 2):
+                report: dict[str, Any] = {
+                    "iteration": 15000 * r,
+                    "outcome": "completed" if r == 2 else "running",
+                    "nan_events": 0,
+                    "time_total_s": float(r),
+                }
+                for set_name, steps in (("test", easy[seed]), ("easy", easy[seed]), ("hard", hard[seed])):
+                    p = np.full(20, 1 / 20)
+                    report |= {
+                        f"{set_name}/halted_accuracy": accs[seed],
+                        f"{set_name}/best_step_accuracy": accs[seed] - 0.1,
+                        f"{set_name}/stable_accuracy": accs[seed] - 0.2,
+                        f"{set_name}/mean_halting_step": steps,
+                        f"{set_name}/per_step_accuracy": [accs[seed] - 0.01 * k for k in range(20)],
+                        f"{set_name}/halting_distribution": p.tolist(),
+                    }
+                history.append(report)
+            config = {"task": "parity", "lambda_p": lambda_p, "seed": seed, "iterations": 30000}
+            trial_id = f"l{lambda_p}s{seed}"
+            records.append(TrialRecord(trial_id, "TERMINATED", config, history, ended=True))
+    write_parquet(paths.trials_parquet, trials_table(records, "test/stable_accuracy", "max"))
+    write_parquet(paths.history_parquet, history_table(records))
+
+
+def test_a_study_that_repeats_configurations_shows_means_and_intervals_over_seeds(tmp_path: Path) -> None:
+    from study.report import _load, _sensitivity
+
+    _seeded_study(tmp_path, "seeded")
+    report = write_report("seeded", str(tmp_path), out=str(tmp_path / "report"))
+    index = _check(report)
+    assert index.nodata == []
+    assert "Seeds: 2 configurations run under 3 seeds" in index.summary
+    text = Path(report.index).read_text(encoding="utf-8")
+    table = text[text.index('<section id="seeds">') : text.index('<section id="top">')]
+    headers = re.findall(r"<th>([^<]*)</th>", table)
+    assert headers[:2] == ["lambda_p", "seeds"]
+    assert {"test/halted_accuracy", "test/stable_accuracy", "easy_minus_hard_steps"} <= set(headers)
+    cells = re.findall(r"<td>([^<]*)</td>", table)
+    rows = [dict(zip(headers, cells[i : i + len(headers)], strict=True)) for i in (0, len(headers))]
+    # 0.9, 1.0, 0.95: mean 0.95, sd 0.05, half width t(0.975, 2) = 4.303 times 0.05 / sqrt(3)
+    assert rows[0]["lambda_p"] == "0.1" and rows[0]["seeds"] == "3"
+    assert rows[0]["test/halted_accuracy"] == "0.95 [0.8258, 1.074]"
+    assert rows[1]["easy_minus_hard_steps"] == "-2 [-4.484, 0.4843]"  # -1, -2, -3: sd 1
+
+    # the sensitivity plot: per lambda_p, the mean over seeds with the interval as its bars
+    fig = _sensitivity(_load("seeded", str(tmp_path)))
+    accuracy = fig.axes[0]
+    (bars,) = accuracy.containers
+    line, _, (segments,) = bars.lines
+    assert line.get_xdata().tolist() == pytest.approx([0.1, 0.3])
+    assert line.get_ydata().tolist() == pytest.approx([0.95, 0.8])
+    half = 4.303 * 0.05 / math.sqrt(3), 4.303 * 0.1 / math.sqrt(3)
+    ends = [(seg[0][1], seg[1][1]) for seg in segments.get_segments()]
+    assert ends == [
+        pytest.approx((0.95 - half[0], 0.95 + half[0])),
+        pytest.approx((0.8 - half[1], 0.8 + half[1])),
+    ]
+    assert "95 % interval over seeds" in accuracy.get_legend().get_title().get_text()
+
+
+def test_a_study_without_repeated_seeds_keeps_the_range_per_lambda_p(tmp_path: Path) -> None:
+    from study.report import _load, _sensitivity
+
+    _mnist_study(tmp_path, "digits", n_trials=3)  # two trials share a lambda_p, no seed searched
+    report = write_report("digits", str(tmp_path), out=str(tmp_path / "report"))
+    text = Path(report.index).read_text(encoding="utf-8")
+    assert 'id="seeds"' not in text and "Seeds:" not in text
+    fig = _sensitivity(_load("digits", str(tmp_path)))
+    labels = fig.axes[0].get_legend_handles_labels()[1]
+    assert any("min to max" in label for label in labels)
