@@ -77,7 +77,7 @@ def default_mode() -> str:
     from ponder.compiled import should_compile
 
     config = ParityConfig()
-    return "compiled" if should_compile(config.compile, torch.device("cpu"), config.iterations) else "eager"
+    return "compiled" if should_compile(config.compile, torch.device("cpu")) else "eager"
 
 
 def main() -> None:

@@ -6,11 +6,13 @@ the elementwise work of every step, forward and backward. The optimiser, the gra
 evaluation stay eager.
 
 Measured (CPU, parity n_elems 15, max_steps 20, batch 128, hidden 64; see `bench/iteration_speed.py`):
-about 1.4x fewer ms an iteration than eager, for about 75 s of compile with an empty Inductor
-cache and 2-5 s with a warm one. A cold compile pays for itself after roughly 40,000
-iterations; so ``auto`` compiles on the CPU only for runs at least that long. On CUDA ``auto``
-compiles always: a guess, not measured here (no GPU), on the ground that a small PonderNet on
-a GPU is mostly kernel-launch overhead, which fusion removes.
+about 1.3-1.4x fewer ms an iteration than eager, for 40-100 s of compile with an empty Inductor
+cache and 2-5 s with a warm one: a cold compile pays for itself only after roughly 40,000
+iterations. ``auto`` therefore stays eager on the CPU (``compile = "on"`` for a long CPU run),
+and compiles on CUDA: a guess, not measured here (no GPU), on the ground that a small PonderNet
+on a GPU is mostly kernel-launch overhead, which fusion removes. ``auto`` never depends on the
+run's length: a run and its resume to another budget must compute the same numbers (compiled
+and eager agree only to float rounding).
 
 The cache: Inductor's FX graph cache and AOTAutograd cache (both on by default in torch 2.13)
 live under ``TORCHINDUCTOR_CACHE_DIR``. `share_compile_cache` points it at one directory per
@@ -30,7 +32,6 @@ import torch
 from ponder.config import CompileMode
 
 __all__ = [
-    "AUTO_COMPILE_MIN_CPU_ITERATIONS",
     "CACHE_ENV",
     "CompileMode",
     "compile_cache_dir",
@@ -41,20 +42,12 @@ __all__ = [
 CACHE_ENV = "PONDER_STUDY_CACHE"
 """Environment variable naming ponder-study's cache root; default ``~/.cache/ponder-study``."""
 
-AUTO_COMPILE_MIN_CPU_ITERATIONS = 40_000
-"""``compile = "auto"`` compiles a CPU run of at least this many iterations: about where a cold
-compile (75 s) is paid back by the iterations it speeds up (about 2 ms each)."""
 
-
-def should_compile(mode: CompileMode, device: torch.device, iterations: int) -> bool:
-    """Whether a run compiles its training step: ``on``, ``off``, or ``auto`` (see the module)."""
-    if mode == "on":
-        return True
-    if mode == "off":
-        return False
-    if device.type == "cuda":
-        return True  # a guess: not measured on a GPU
-    return device.type == "cpu" and iterations >= AUTO_COMPILE_MIN_CPU_ITERATIONS
+def should_compile(mode: CompileMode, device: torch.device) -> bool:
+    """Whether a run compiles its training step: ``on``, ``off``, or ``auto`` (CUDA only; see the module)."""
+    if mode == "auto":
+        return device.type == "cuda"  # a guess on CUDA: not measured on a GPU
+    return mode == "on"
 
 
 def compile_cache_dir() -> Path:

@@ -74,8 +74,9 @@ class PonderConfig:
     device: str = "auto"
     """Torch device: auto (CUDA when there is one), cpu, cuda, cuda:1, ..."""
     compile: CompileMode = "auto"
-    """torch.compile the training step: auto (on CUDA, and on the CPU for runs of 40,000
-    iterations or more, where a cold compile pays back), on, off. Same numbers either way."""
+    """torch.compile the training step: auto (on CUDA only; on the CPU a cold compile pays back
+    after about 40,000 iterations, so set ``on`` there), on, off. The same numbers up to float
+    rounding, so a run keeps one mode across its resumes."""
 
     def __post_init__(self) -> None:
         self._check_types()

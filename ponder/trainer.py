@@ -114,7 +114,7 @@ class Trainer:
         self.log_prior = log_geometric_prior(config.lambda_p, config.max_steps, config.prior_tail).to(
             self.device
         )
-        self.compiled = should_compile(config.compile, self.device, config.iterations)
+        self.compiled = should_compile(config.compile, self.device)
         """Whether `train_step` runs the forward pass and loss through ``torch.compile``."""
         self._beta = torch.tensor(config.beta, device=self.device)  # float32, as the loss is
         self._forward_loss = self._make_forward_loss(self.compiled)
@@ -152,7 +152,7 @@ class Trainer:
     def set_compile(self, mode: CompileMode) -> None:
         """Switch the training step between compiled and eager (a resumed run may change it)."""
         self.config.compile = mode
-        self.compiled = should_compile(mode, self.device, self.config.iterations)
+        self.compiled = should_compile(mode, self.device)
         self._forward_loss = self._make_forward_loss(self.compiled)
 
     # -- training -----------------------------------------------------------------------------

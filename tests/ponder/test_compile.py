@@ -10,7 +10,6 @@ import pytest
 import torch
 
 from ponder.compiled import (
-    AUTO_COMPILE_MIN_CPU_ITERATIONS,
     compile_cache_dir,
     share_compile_cache,
     should_compile,
@@ -23,11 +22,11 @@ from ponder.trainer import Trainer
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
 
 
-def test_auto_compiles_on_cuda_and_on_long_cpu_runs_only() -> None:
-    assert should_compile("auto", CUDA, 10)
-    assert not should_compile("auto", CPU, AUTO_COMPILE_MIN_CPU_ITERATIONS - 1)
-    assert should_compile("auto", CPU, AUTO_COMPILE_MIN_CPU_ITERATIONS)
-    assert should_compile("on", CPU, 1) and not should_compile("off", CUDA, 10**6)
+def test_auto_compiles_on_cuda_only_whatever_the_budget() -> None:
+    assert should_compile("auto", CUDA) and not should_compile("auto", CPU)
+    assert should_compile("on", CPU) and not should_compile("off", CUDA)
+    # a run and its resume to another budget compute the same numbers: eager on the CPU either way
+    assert not Trainer(ParityConfig(device="cpu", iterations=10**6, eval_samples=8)).compiled
 
 
 def test_compile_is_a_config_field_with_three_values() -> None:

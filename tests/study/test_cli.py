@@ -360,8 +360,9 @@ def test_evaluate_answers_a_wrong_trial_without_loading_torch(smoke: tuple[Path,
         "try:\n"
         f"    choose_trial('parity-smoke', {str(storage)!r}, 'nope')\n"
         "except EvaluateError as e:\n"
-        "    print(e)\n"
-        "print(sorted(m for m in ('torch', 'ray') if m in sys.modules))"
+        "    print(e, flush=True)\n"
+        "print(sorted(m for m in ('torch', 'ray') if m in sys.modules), flush=True)\n"
+        "import os; os._exit(0)  # past pyarrow's teardown, which can abort at exit (study.cli.entry)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO)
     why, loaded = out.stdout.strip().splitlines()
