@@ -291,9 +291,10 @@ def entry() -> NoReturn:
     With libtorch and pyarrow in one process, that teardown sometimes aborts ("terminate called
     without an active exception", exit 134): a pyarrow thread-pool worker is unwound through a
     noexcept C++ frame while the interpreter finalizes. Three lines reproduce it (import torch,
-    import pyarrow, read a Parquet file; about 4 exits in 10 on a loaded 2-core machine, none
-    without torch). Python's own exit work still runs (atexit handlers, Ray's shutdown among
-    them; logging and the standard streams are flushed); only the C++ static teardown is skipped."""
+    import pyarrow, read a Parquet file; about 4 exits in 10 on a loaded 2-core machine; once
+    in a whole test suite without torch, with pyarrow and pandas alone). Python's own exit work
+    still runs (atexit handlers, Ray's shutdown among them; logging and the standard streams are
+    flushed); only the C++ static teardown is skipped."""
     try:
         code = main()
     except SystemExit as e:  # _fail and argparse exit this way
