@@ -76,7 +76,8 @@ class PonderConfig:
     compile: CompileMode = "auto"
     """torch.compile the training step: auto (on CUDA only; on the CPU a cold compile pays back
     after about 40,000 iterations, so set ``on`` there), on, off. The same numbers up to float
-    rounding, so a run keeps one mode across its resumes."""
+    rounding: ``auto`` never switches a run's mode between its resumes (``--compile`` on a resume
+    does, when asked)."""
 
     def __post_init__(self) -> None:
         self._check_types()

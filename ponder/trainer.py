@@ -149,12 +149,6 @@ class Trainer:
         # static shapes: a run's training batch never changes shape
         return torch.compile(fn, dynamic=False)
 
-    def set_compile(self, mode: CompileMode) -> None:
-        """Switch the training step between compiled and eager (a resumed run may change it)."""
-        self.config.compile = mode
-        self.compiled = should_compile(mode, self.device)
-        self._forward_loss = self._make_forward_loss(self.compiled)
-
     # -- training -----------------------------------------------------------------------------
     def train_step(self, batch: tuple[torch.Tensor, torch.Tensor] | None = None) -> StepResult:
         """One iteration on ``batch`` (default: a fresh training batch). A non-finite loss or

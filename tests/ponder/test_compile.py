@@ -18,6 +18,7 @@ from ponder.config import ConfigError, MnistConfig, ParityConfig, config_from_di
 from ponder.data.mnist import MnistData
 from ponder.gru import gru_unroll, gru_unroll_plain
 from ponder.trainer import Trainer
+from tests.ponder.test_trainer import _digits
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
 
@@ -85,16 +86,6 @@ def test_the_plain_unroll_equals_the_fused_one(n_steps: int) -> None:
 
 PARITY = {"n_elems": 6, "n_hidden": 16, "max_steps": 5, "batch_size": 8, "eval_samples": 16, "device": "cpu"}
 MNIST = {"max_steps": 3, "n_hidden": 8, "n_embed": 8, "batch_size": 8, "eval_samples": 16, "device": "cpu"}
-
-
-def _digits() -> MnistData:
-    gen = torch.Generator().manual_seed(0)
-    return MnistData(
-        torch.randint(0, 256, (64, 28, 28), dtype=torch.uint8, generator=gen),
-        torch.randint(0, 10, (64,), generator=gen),
-        torch.randint(0, 256, (32, 28, 28), dtype=torch.uint8, generator=gen),
-        torch.randint(0, 10, (32,), generator=gen),
-    )
 
 
 def _trainer(task: str, compile: str, **overrides: object) -> Trainer:
