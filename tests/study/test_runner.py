@@ -212,6 +212,16 @@ def test_an_ended_trial_keeps_only_its_last_checkpoint(smoke: tuple[Path, Any]) 
         assert [d for d in dirs if any(d.iterdir())] == [Path(kept)]  # only the last holds weights
 
 
+def test_every_trial_has_tensorboard_events_though_the_driver_skips_torch(smoke: tuple[Path, Any]) -> None:
+    """Tune's TensorBoard logger still writes each trial's event file from a `run` driver that
+    imported tensorboardX with torch hidden (`study.runner.import_tensorboardx_without_torch`)."""
+    storage, _ = smoke
+    for trial_id in trials(storage, "parity-smoke")["trial_id"]:
+        events = list((storage / "tune" / "parity-smoke").glob(f"*_{trial_id}_*/events.out.tfevents.*"))
+        assert len(events) == 1, trial_id
+        assert b"ray/tune/test/halted_accuracy" in events[0].read_bytes(), trial_id
+
+
 def test_optuna_trials_orphaned_by_a_kill_are_marked_failed(tmp_path: Path) -> None:
     """A driver killed between asking Optuna for a trial and saving Tune's state leaves that
     Optuna trial RUNNING with no Tune trial behind it; the finished study marks it FAILED."""

@@ -1,0 +1,32 @@
+"""What a study's driver loads: torch is for the trials, not for the process that drives them."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+SNIPPET = """
+import sys
+from study.runner import import_tensorboardx_without_torch
+import_tensorboardx_without_torch()
+assert "tensorboardX" in sys.modules and "torch" not in sys.modules, sorted(sys.modules)
+from ray.tune.logger import TBXLoggerCallback  # what Tune's default loggers use
+from tensorboardX import SummaryWriter
+writer = SummaryWriter(sys.argv[1])
+writer.add_scalar("test/halted_accuracy", 0.75, 3)
+writer.close()
+assert "torch" not in sys.modules
+import torch  # still importable by whatever needs it later
+print(torch.__name__)
+"""
+
+
+def test_tensorboardx_loads_without_torch_and_still_writes_events(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", SNIPPET, str(tmp_path)], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip() == "torch"
+    events = list(tmp_path.glob("events.out.tfevents.*"))
+    assert len(events) == 1 and b"test/halted_accuracy" in events[0].read_bytes()
