@@ -797,7 +797,7 @@ def import_tensorboardx_without_torch() -> None:
         return
     sys.modules["torch"] = None  # type: ignore[assignment]  # `import torch` raises ImportError
     try:
-        import tensorboardX  # noqa: F401
+        import tensorboardX  # type: ignore[import-untyped]  # noqa: F401
     except ImportError:  # not installed: Tune then writes no event files, as before
         pass
     finally:
