@@ -5,6 +5,7 @@ search (an Optuna sampler), when to stop poor trials early (ASHA), what a trial 
 the results go. Field names are the config dataclass's own (``lambda_p``, ``max_steps``), the
 same names as the ``ponder.train`` flags and the Parquet columns::
 
+    #:schema ./spec.schema.json  # editors (taplo, Even Better TOML) complete and check as you type
     description = "One line shown by `ponder-study list`."
     task = "parity"              # a key of ponder.config.CONFIGS
 
@@ -53,27 +54,63 @@ same names as the ``ponder.train`` flags and the Parquet columns::
     storage = "results"          # a local directory or a URI (s3://bucket/path)
     max_failures = 2             # retries of a trial that errors, from its last checkpoint
 
-Every table but ``[space]`` is optional. Validation is complete and strict: an unknown key, a
-value of the wrong type or out of range, a search space with a corner the config itself refuses,
-or a metric the task does not report is a `SpecError` whose one-line message starts with the
-key (``space.lambda_p.high: lambda_p must be in (0, 1], got 1.5``) and says how to fix it.
+Every table but ``[space]`` is optional. Validation is complete and strict, in two layers:
+
+- typed pydantic models of the document (a union on ``task``: each task's ``[config]`` and
+  ``[space]`` fields are its config dataclass's own): unknown keys, types, bounds. They are also
+  the JSON Schema editors read (`json_schema`, ``ponder-study schema``);
+- cross-field checks in `parse_spec` that a schema cannot express: every corner of the search
+  space is built as a config (the config's own validation speaks), metrics the task reports at
+  every point of the space, the grid sampler's rules, ASHA's grace period against the budget.
+
+Either way a bad spec is a `SpecError` whose one-line message starts with the key
+(``space.lambda_p.high: lambda_p must be in (0, 1], got 1.5``) and says how to fix it.
 """
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import difflib
 import importlib.util
+import inspect
 import itertools
 import json
 import math
 import re
+import textwrap
 import tomllib
 import types
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, NoReturn, Union, get_args, get_origin, get_type_hints
+from typing import (
+    Annotated,
+    Any,
+    ClassVar,
+    Generic,
+    Literal,
+    NoReturn,
+    TypeVar,
+    Union,
+    get_args,
+    get_origin,
+    get_type_hints,
+)
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    TypeAdapter,
+    ValidationError,
+    create_model,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import ErrorDetails
 
 from ponder.config import CONFIGS, ConfigError, TaskConfig
 from ponder.metrics import SET_LIST_METRICS, SET_METRICS, TRAIN_METRICS, eval_set_names
@@ -91,6 +128,7 @@ __all__ = [
     "SpecError",
     "StudySpec",
     "check_name",
+    "json_schema",
     "list_specs",
     "load_spec",
     "parse_spec",
@@ -98,10 +136,12 @@ __all__ = [
 ]
 
 SPECS_DIR = Path(__file__).parent / "specs"
-"""Where the shipped specs live, one ``<name>.toml`` each."""
+"""Where the shipped specs live, one ``<name>.toml`` each, beside ``spec.schema.json``."""
 
 SAMPLERS = ("tpe", "random", "qmc", "gp", "cmaes", "grid")
 """Optuna samplers a spec may name."""
+Sampler = Literal["tpe", "random", "qmc", "gp", "cmaes", "grid"]
+Mode = Literal["max", "min"]
 
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 """A study name: it becomes a directory name and a Parquet partition value (``study=<name>``)."""
@@ -116,10 +156,6 @@ _NOT_SEARCHABLE = {
     "iterations": "it is the trial budget (ASHA's max_t); set it in [config]",
     "eval_interval": "ASHA compares trials at evaluations, which must line up; set it in [config]",
 }
-
-_TABLES = ("config", "space", "search", "scheduler", "objectives", "resources", "run")
-_TOP_KEYS = ("description", "task", *_TABLES)
-_DIMENSION_KEYS = ("low", "high", "log", "values")
 
 
 class SpecError(ValueError):
@@ -175,43 +211,433 @@ class Dimension:
         return value
 
 
-@dataclass(frozen=True)
-class SearchSpec:
+# -- the document's models: types, bounds and unknown keys (and the JSON Schema) -----------------
+
+
+class _At(ValueError):
+    """A problem a validator found at ``key`` below the place it validates (pydantic adds the
+    place); ``known`` lists the keys there, for an unknown key."""
+
+    def __init__(self, key: tuple[str, ...], message: str, known: Iterable[str] = ()) -> None:
+        super().__init__(message)
+        self.key, self.message, self.known = key, message, sorted(known)
+
+
+class _Table(BaseModel):
+    """A TOML table: strict types (no ``"10"`` for 10), finite numbers, no unknown keys."""
+
+    model_config = ConfigDict(
+        extra="forbid", strict=True, frozen=True, allow_inf_nan=False, use_attribute_docstrings=True
+    )
+    _also: ClassVar[tuple[str, ...]] = ()  # keys of another shape of the same table
+
+    @model_validator(mode="before")
+    @classmethod
+    def _check_input(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            cls._check_keys(data)
+        return data
+
+    @classmethod
+    def _check_keys(cls, data: dict[str, Any]) -> None:
+        for key in data:
+            if key not in cls.model_fields:
+                close = _closest(key, list(cls.model_fields))
+                hint = f"did you mean {close!r}? " if close else ""
+                raise _At((key,), f"unknown key; {hint}", known=[*cls.model_fields, *cls._also])
+
+
+class SearchSpec(_Table):
     """How trials are proposed: an Optuna sampler, its seed, how many trials, how many at once."""
 
-    sampler: str = "tpe"
-    seed: int | None = 0
-    num_samples: int = 8
-    max_concurrent: int = 2
+    sampler: Sampler = "tpe"
+    """the Optuna sampler; grid tries every combination of listed values once"""
+    seed: int = Field(0, ge=0, lt=2**32)
+    """the sampler's seed, in [0, 2**32)"""
+    num_samples: int = Field(8, ge=1)
+    """trials in the study; the grid sampler's is the grid's size"""
+    max_concurrent: int = Field(2, ge=1)
+    """trials running at once, at most"""
+
+    @field_validator("sampler")
+    @classmethod
+    def _installed(cls, sampler: str) -> str:
+        needs = {"cmaes": "cmaes", "qmc": "scipy", "gp": "scipy"}.get(sampler)
+        if needs and importlib.util.find_spec(needs) is None:
+            raise _At(
+                (),
+                f"the {sampler} sampler needs the {needs} package: pip install {needs}, "
+                'or use sampler = "tpe"',
+            )
+        return sampler
 
 
-@dataclass(frozen=True)
-class SchedulerSpec:
+class SchedulerSpec(_Table):
     """ASHA: compare trials on ``metric`` at rungs from ``grace_period`` training iterations."""
 
     metric: str = "test/halted_accuracy"
-    mode: str = "max"
-    grace_period: int = 500
-    """Training iterations before a trial can be stopped; a spec without one gets a quarter
-    of its budget, on the evaluation grid."""
-    reduction_factor: float = 3.0
-    brackets: int = 1
+    """what ASHA compares and the study optimises: <set>/<metric> or train/<metric>"""
+    mode: Mode = "max"
+    """whether a higher (max) or lower (min) metric is better"""
+    grace_period: int = Field(None, ge=1)  # type: ignore[assignment]  # None until parse_spec sets it
+    """training iterations before ASHA may stop a trial; default: a quarter of the budget"""
+    reduction_factor: float = Field(3.0, gt=1)
+    """3 keeps a third of the trials at each rung"""
+    brackets: int = Field(1, ge=1)
+    """ASHA's brackets"""
 
 
-@dataclass(frozen=True)
-class ResourcesSpec:
+class ResourcesSpec(_Table):
     """What one trial reserves; a fractional ``gpu`` shares a GPU between trials."""
 
-    cpu: float = 1.0
-    gpu: float = 0.0
+    cpu: float = Field(1.0, gt=0)
+    """CPUs per trial"""
+    gpu: float = Field(0.0, ge=0)
+    """GPUs per trial; a fraction (0.25) shares a GPU"""
+
+    @model_validator(mode="after")
+    def _whole_gpus(self) -> ResourcesSpec:
+        if self.gpu > 1 and not self.gpu.is_integer():
+            raise _At(("gpu",), f"above 1 must be a whole number of GPUs, got {self.gpu:g}")
+        return self
 
 
-@dataclass(frozen=True)
-class RunSpec:
+class RunSpec(_Table):
     """Where results land and how often a failed trial is retried from its checkpoint."""
 
     storage: str = "results"
-    max_failures: int = 2
+    """a local directory or a URI (s3://bucket/path, file:///mnt/nfs/results) holding the study"""
+    max_failures: int = Field(2, ge=0)
+    """retries of a trial that errors, from its last checkpoint; 0: it stays failed"""
+
+    @field_validator("storage")
+    @classmethod
+    def _expand(cls, storage: str) -> str:
+        if not storage.strip():
+            raise _At((), f'must be a non-empty path or URI (storage = "results"), got {storage!r}')
+        try:
+            return expand_storage(storage)
+        except StorageError as e:
+            raise _At((), str(e)) from None
+
+
+T = TypeVar("T")
+
+
+class Range(_Table, Generic[T]):
+    """A searched range, both ends included."""
+
+    _also = ("values",)
+
+    low: T
+    """the lower end"""
+    high: T
+    """the upper end, above low"""
+    log: bool = False
+    """sample on a log scale (needs low > 0)"""
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Range[T]:
+        low, high = self.low, self.high
+        if not low < high:  # type: ignore[operator]
+            raise _At(
+                ("high",),
+                f"high ({high}) must be above low ({low}); to fix the field at one value, set it in [config]",
+            )
+        if self.log and low <= 0:  # type: ignore[operator]
+            raise _At(("low",), f"log = true needs low > 0, got {low}")
+        return self
+
+
+class Values(_Table, Generic[T]):
+    """A searched list of values, each tried as it is (categorical)."""
+
+    values: list[T] = Field(min_length=1)
+    """the values, each listed once"""
+
+    @classmethod
+    def _check_keys(cls, data: dict[str, Any]) -> None:
+        for key in ("low", "high"):
+            if key in data:
+                raise _At((key,), "a dimension has either low/high (a range) or values (a list), not both")
+        if "log" in data:
+            raise _At(("log",), "log applies to a low/high range, not to values; remove it")
+        super()._check_keys(data)
+
+    @model_validator(mode="after")
+    def _once(self) -> Values[T]:
+        for i, v in enumerate(self.values):
+            if v in self.values[:i]:
+                raise _At(("values",), f"{v!r} is listed twice; list each value once")
+        return self
+
+
+def _dimension_kind(value: Any) -> str:
+    return "<values>" if isinstance(value, dict) and "values" in value else "<range>"
+
+
+class _Space(_Table):
+    """``[space]``: the searched fields, each a range or a list of values."""
+
+    model_config = ConfigDict(json_schema_extra={"minProperties": 1})
+    _unsearchable: ClassVar[dict[str, str]] = {}  # field -> why it cannot be searched
+    _strings: ClassVar[dict[str, tuple[str, ...]]] = {}  # string fields -> their choices
+
+    @classmethod
+    def _check_keys(cls, data: dict[str, Any]) -> None:
+        if not data:
+            raise _At((), "no searched fields; add at least one [space.<field>] table, e.g. [space.lambda_p]")
+        for name, value in data.items():
+            if name in cls._unsearchable:
+                raise _At((name,), f"{name} cannot be searched: {cls._unsearchable[name]}")
+            if name not in cls.model_fields:
+                super()._check_keys({name: value})
+            if not isinstance(value, dict):
+                raise _At(
+                    (name,),
+                    f"must be a table ([space.{name}] with low/high or values), got {_show(value)}; "
+                    f"to fix {name} at one value, set it in [config]",
+                )
+            if name in cls._strings and "values" not in value:
+                choices = cls._strings[name]
+                one_of = f" (one of {', '.join(choices)})" if choices else ""
+                raise _At(
+                    (name,), f"{name} is a string field: search it with values = [...]{one_of}, not low/high"
+                )
+
+
+class _Config(_Table):
+    """``[config]``: fixed fields of the task's config."""
+
+    @classmethod
+    def _check_keys(cls, data: dict[str, Any]) -> None:
+        if "task" in data:
+            raise _At(("task",), 'the task is set at the top of the spec (task = "..."), not in [config]')
+        super()._check_keys(data)
+
+
+class _Spec(_Table):
+    """What every task's spec holds; `_task_model` adds ``task``, ``[config]`` and ``[space]``."""
+
+    description: str = Field("", pattern=r"^[^\n]*$")
+    """a one-line summary, shown by `ponder-study list`"""
+    task: str  # each task's model narrows these three (`_task_model`)
+    config: Any = None
+    space: Any
+    search: SearchSpec = SearchSpec()
+    """how trials are proposed"""
+    scheduler: SchedulerSpec = SchedulerSpec()
+    """ASHA, which stops poor trials early; not with [objectives]"""
+    objectives: dict[str, Mode] = {}
+    """two or more "<metric>" = "max" | "min": a multi-objective study (no ASHA), the primary first"""
+    resources: ResourcesSpec = ResourcesSpec()
+    """what one trial reserves"""
+    run: RunSpec = RunSpec()
+    """where the results go, how often a failed trial is retried"""
+
+
+def _field_docs(cls: type) -> dict[str, str]:
+    """The docstrings under a dataclass's fields (its bases' first), for the schema's descriptions."""
+    docs: dict[str, str] = {}
+    for klass in reversed(cls.__mro__[:-1]):
+        (node,) = ast.parse(textwrap.dedent(inspect.getsource(klass))).body
+        assert isinstance(node, ast.ClassDef)
+        for field_, doc in itertools.pairwise(node.body):
+            if (
+                isinstance(field_, ast.AnnAssign)
+                and isinstance(field_.target, ast.Name)
+                and isinstance(doc, ast.Expr)
+                and isinstance(doc.value, ast.Constant)
+                and isinstance(doc.value.value, str)
+            ):
+                docs[field_.target.id] = " ".join(doc.value.value.split())
+    return docs
+
+
+def _field_types(task: str) -> dict[str, Any]:
+    """Each config field's TOML type: int, float, str, a Literal, or a list of floats."""
+    cls = CONFIGS[task]
+    hints = get_type_hints(cls)
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        hint = hints[f.name]
+        if isinstance(hint, types.UnionType) or get_origin(hint) is Union:  # X | None: TOML has no None
+            (hint,) = (a for a in get_args(hint) if a is not type(None))
+        out[f.name] = list[float] if get_origin(hint) is tuple else hint
+    return out
+
+
+def _task_model(task: str) -> type[_Spec]:
+    """The spec of one task: its ``[config]`` and ``[space]`` hold that task's config fields."""
+    cls = CONFIGS[task]
+    docs, kinds = _field_docs(cls), _field_types(task)
+    defaults: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(cls)}
+    config_fields: dict[str, Any] = {}
+    for name, kind in kinds.items():
+        default = list(defaults[name]) if isinstance(defaults[name], tuple) else defaults[name]
+        least = 1 if name == "iterations" else None  # a study needs a budget
+        config_fields[name] = (kind, Field(default, description=docs.get(name), ge=least))
+    config = create_model(f"{cls.__name__}Fields", __base__=_Config, **config_fields)
+    config.__doc__ = f"[config]: fixed fields of the {task} task's config (ponder.config.{cls.__name__})."
+    space_fields: dict[str, Any] = {}
+    unsearchable = dict(_NOT_SEARCHABLE)
+    strings: dict[str, tuple[str, ...]] = {}
+    for name, kind in kinds.items():
+        if name in _NOT_SEARCHABLE:
+            continue
+        if get_origin(kind) is list:
+            unsearchable[name] = "it is a list field; set it in [config]"
+            continue
+        if kind is str or get_origin(kind) is Literal:
+            strings[name] = tuple(get_args(kind))
+            dim: Any = Values[kind]  # type: ignore[valid-type]
+        else:
+            dim = Annotated[
+                Union[Annotated[Range[kind], Tag("<range>")], Annotated[Values[kind], Tag("<values>")]],  # type: ignore[valid-type]  # noqa: UP007
+                Discriminator(_dimension_kind),
+            ]
+        space_fields[name] = (dim, Field(None, description=docs.get(name)))
+    space = create_model(f"{cls.__name__}Space", __base__=_Space, **space_fields)
+    space._unsearchable, space._strings = unsearchable, strings
+    task_type: Any = Literal[task]
+    model = create_model(
+        f"{cls.__name__.removesuffix('Config').capitalize()}Spec",
+        __base__=_Spec,
+        task=(task_type, Field(description=f"the task: {cls.__doc__}")),
+        config=(config, Field(config(), description=config.__doc__)),
+        space=(space, Field(description="[space.<field>]: the searched fields, each a range or values")),
+    )
+    model.__doc__ = f"A study of the {task} task."
+    return model
+
+
+_MODELS = {task: _task_model(task) for task in CONFIGS}
+_ANY_TASK: Any = Annotated[Union[tuple(_MODELS.values())], Field(discriminator="task")]  # noqa: UP007
+_DOCUMENT: TypeAdapter[_Spec] = TypeAdapter(_ANY_TASK)
+_TABLE_MODELS: dict[str, type[_Table]] = {
+    "search": SearchSpec,
+    "scheduler": SchedulerSpec,
+    "resources": ResourcesSpec,
+    "run": RunSpec,
+}
+
+
+def json_schema() -> dict[str, Any]:
+    """The JSON Schema of a spec's TOML document (``ponder-study schema``, ``specs/spec.schema.json``)."""
+    schema = _drop_null_defaults(_DOCUMENT.json_schema())
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "$id": "https://github.com/ponder-study/ponder-study/study/specs/spec.schema.json",
+        "title": "ponder-study spec",
+        "description": (
+            "A ponder-study spec: one hyperparameter study of a PonderNet task (ponder-study run SPEC). "
+            "The schema checks keys, types and simple bounds per task. It cannot express the checks "
+            "across fields that `ponder-study check SPEC` makes: the ranges the task's config accepts "
+            "(lambda_p in (0, 1], ...) at every corner of the search space, a field both fixed and "
+            "searched, metrics the task reports at every point of the space, ASHA's grace_period "
+            "against the budget, the grid sampler's values and size, [scheduler] with [objectives], "
+            "a cuda device without resources.gpu, the storage URI's scheme."
+        ),
+        **schema,
+    }
+
+
+def _drop_null_defaults(node: Any) -> Any:
+    """TOML has no null: a field without a value is left out, so ``"default": null`` says nothing."""
+    if isinstance(node, dict):
+        return {k: _drop_null_defaults(v) for k, v in node.items() if not (k == "default" and v is None)}
+    if isinstance(node, list):
+        return [_drop_null_defaults(v) for v in node]
+    return node
+
+
+def _one_line(exc: ValidationError) -> SpecError:
+    """The first of pydantic's errors as a `SpecError`: the key, what is wrong, how to fix it."""
+    error = exc.errors(include_url=False)[0]
+    loc = [p for p in error["loc"][1:] if isinstance(p, str)]  # [0]: the task's tag; ints: list items
+    if len(loc) >= 3 and loc[0] == "space" and loc[2] in ("<range>", "<values>"):
+        del loc[2]  # the tag of a range or a list of values
+    cause = (error.get("ctx") or {}).get("error")
+    if isinstance(cause, _At):
+        where = loc
+        loc = [*loc, *cause.key]
+        message = cause.message
+        if cause.known:
+            section = f"[{'.'.join(where)}]" if where else "the top level"
+            message += f"keys of {section}: {', '.join(cause.known)}"
+    else:
+        message = _problem(error, tuple(loc))
+    if error["type"].startswith("union_tag"):
+        loc = ["task"]
+    key = ".".join(_toml_key(k) for k in loc)
+    return SpecError(" ".join(f"{key}: {message}".split()) if key else message, key)
+
+
+_MISSING = {
+    "low": "a range needs low and high (or give values = [...] instead)",
+    "high": "a range needs low and high (or give values = [...] instead)",
+    "space": "add at least one [space.<field>] table, e.g. [space.lambda_p]",
+}
+
+
+def _problem(error: ErrorDetails, loc: tuple[str, ...]) -> str:
+    """What pydantic's ``error`` at ``loc`` means, said as the spec's author would fix it."""
+    kind, value, ctx = error["type"], error["input"], error.get("ctx") or {}
+    if kind == "union_tag_not_found":
+        return f'missing; set task = "parity" at the top (tasks: {", ".join(CONFIGS)})'
+    if kind == "union_tag_invalid":
+        return f"must be one of {', '.join(CONFIGS)}, got {ctx['tag']!r}"
+    what = loc[-1] if loc else ""
+    if loc[:1] == ("space",) and len(loc) >= 2:  # name the field: "max_steps low must be ..."
+        what = f"{loc[1]} {loc[2]}" if len(loc) >= 3 and loc[2] in ("low", "high") else loc[1]
+    if kind.startswith("int_"):
+        return _not_an_int(value, what)
+    if kind.startswith("float_"):
+        return _not_a_number(value, what)
+    if kind == "literal_error":
+        choices = re.findall(r"'([^']*)'", ctx["expected"])
+        if choices == ["max", "min"]:
+            return f'must be "max" or "min", got {value!r}'
+        close = difflib.get_close_matches(str(value), choices, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        return f"{what} must be one of {', '.join(choices)}, got {value!r}{hint}"
+    if kind in ("greater_than_equal", "greater_than", "less_than"):
+        bound = {"ge": ">= {}", "gt": "above {}", "lt": "below {}"}
+        (op, limit), *_ = ((bound[k], v) for k, v in ctx.items() if k in bound)
+        model = _TABLE_MODELS.get(loc[0]) if len(loc) == 2 else None
+        info = model.model_fields.get(loc[-1]) if model else None
+        why = f" ({info.description})" if info and info.description else ""
+        return f"{what} must be {op.format(f'{limit:g}')}, got {value!r}{why}"
+    problems = {
+        "finite_number": f"{what} must be a finite number, got {value!r}",
+        "string_type": f"{what} must be a {'one-line ' * (what == 'description')}string, got {_show(value)}",
+        "string_pattern_mismatch": f"{what} must be one line, got {value!r}",
+        "bool_type": f"must be true or false, got {value!r}",
+        "list_type": f"{what} must be a list, got {_show(value)}",
+        "too_short": f"must be a non-empty list of {what} values, got {value!r}",
+        "model_type": f"must be a table ([{'.'.join(loc)}] on a line of its own), got {_show(value)}",
+        "missing": f"missing; {_MISSING.get(loc[-1], 'add it')}",
+    }
+    return problems.get(kind, f"{error['msg']}, got {_show(value)}")
+
+
+def _not_an_int(value: Any, what: str) -> str:
+    if isinstance(value, float) and value.is_integer():
+        return f"{what} must be an integer, got {value!r}; write {int(value)}"
+    if isinstance(value, str) and re.fullmatch(r"[+-]?\d+", value.strip()):
+        return f"{what} must be an integer, got the string {value!r}; remove the quotes"
+    return f"{what} must be an integer, got {_show(value)}"
+
+
+def _not_a_number(value: Any, what: str) -> str:
+    if isinstance(value, str):
+        try:
+            float(value)
+        except ValueError:
+            pass
+        else:
+            return f"{what} must be a number, got the string {value!r}; remove the quotes"
+    return f"{what} must be a number, got {_show(value)}"
 
 
 @dataclass(frozen=True)
@@ -316,11 +742,9 @@ class StudySpec:
         doc = tomllib.loads(self.source)
         changes: list[str] = []
         if num_samples is not None and num_samples != self.search.num_samples:
-            _positive_int(num_samples, "search.num_samples", "num_samples")
             doc.setdefault("search", {})["num_samples"] = num_samples
-            changes.append(f"num_samples = {num_samples}")
+            changes.append(f"num_samples = {_toml_value(num_samples)}")
         if storage is not None and storage != self.run.storage:
-            _storage(storage, "run.storage")
             doc.setdefault("run", {})["storage"] = storage
             changes.append(f"storage = {_toml_value(storage)}")
         if not changes:
@@ -360,52 +784,59 @@ def parse_spec(text: str, name: str, *, origin: str | None = None) -> StudySpec:
     syntax errors). Raises `SpecError` at the first problem."""
     check_name(name, "name")
     try:
-        doc = tomllib.loads(text)
+        raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         _fail("", f"{origin or f'spec {name!r}'}: not valid TOML: {exc}")
-    _check_keys(doc, _TOP_KEYS, "")
-    tables = {t: _table(doc, t) for t in _TABLES}
+    try:
+        doc: _Spec = _DOCUMENT.validate_python(raw)
+    except ValidationError as exc:
+        raise _one_line(exc) from None
+    return _cross_checked(doc, raw, name, text)
 
-    task = doc.get("task")
-    if task is None:
-        _fail("task", f'missing; set task = "parity" at the top (tasks: {", ".join(CONFIGS)})')
-    if not isinstance(task, str) or task not in CONFIGS:
-        _fail("task", f"must be one of {', '.join(CONFIGS)}, got {task!r}")
-    description = doc.get("description", "")
-    if not isinstance(description, str) or "\n" in description:
-        _fail("description", f"must be a one-line string, got {description!r}")
 
-    kinds = _field_kinds(task)
-    fixed = _parse_config(tables["config"], kinds)
+def _cross_checked(doc: _Spec, raw: dict[str, Any], name: str, text: str) -> StudySpec:
+    """The checks across fields that the models (and the schema) cannot express."""
+    task = doc.task
+    fixed = {k: getattr(doc.config, k) for k in raw.get("config", {})}
+    fixed = {k: tuple(v) if isinstance(v, list) else v for k, v in fixed.items()}
     iterations = fixed.get("iterations", _field_default(task, "iterations"))
     eval_interval = fixed.get("eval_interval", _field_default(task, "eval_interval"))
-    if iterations < 1:
-        _fail("config.iterations", f"a study needs iterations >= 1 (ASHA's budget), got {iterations}")
     if eval_interval > iterations:
         _fail(
             "config.eval_interval",
             f"eval_interval ({eval_interval}) is above iterations ({iterations}): a trial would report "
             "only at its end, leaving ASHA nothing to compare; lower eval_interval",
         )
-    space = _parse_space(tables["space"], fixed, kinds)
-    set_names = _check_corners(task, fixed, space)
-    search = _parse_search(tables["search"])
+    kinds = _field_types(task)
+    space = tuple(_dimension(n, getattr(doc.space, n), kinds[n] is int) for n in raw["space"])
+    for d in space:
+        if d.name in fixed:
+            _fail(f"space.{d.name}", f"{d.name} is also fixed in [config]; remove it from one of the two")
+    sets = _check_corners(task, fixed, space)
+    search = doc.search
     if search.sampler == "grid":  # every point once: the size of the grid is the trial count
-        search = _grid_search(search, space, given="num_samples" in tables["search"])
-    objectives = _parse_objectives(tables["objectives"], task, set_names)
-    if objectives and "scheduler" in doc:
+        search = _grid_search(search, space, given="num_samples" in raw.get("search", {}))
+    objectives = tuple(doc.objectives.items())
+    for metric, mode in objectives:
+        _check_metric(metric, f"objectives.{_toml_key(metric)}", task, sets)
+        _check_mode(mode, metric, f"objectives.{_toml_key(metric)}")
+    if len(objectives) == 1:
+        _fail(
+            "objectives",
+            "one objective is a single-objective study: set it as [scheduler] metric and mode (with "
+            'ASHA), or add another, e.g. "test/mean_halting_step" = "min"',
+        )
+    scheduler = None
+    if objectives and "scheduler" in raw:
         _fail(
             "scheduler",
             "ASHA compares trials on one metric, and [objectives] asks for several: a multi-objective "
             "study runs every trial to its budget; remove [scheduler] (or [objectives])",
         )
-    scheduler = None
     if not objectives:
-        scheduler = _parse_scheduler(tables["scheduler"], task, set_names, iterations, eval_interval)
-    resources = _parse_resources(tables["resources"])
-    run = _parse_run(tables["run"])
+        scheduler = _checked_scheduler(doc.scheduler, task, sets, iterations, eval_interval)
     device = fixed.get("device", "auto")
-    if device.startswith("cuda") and resources.gpu == 0:
+    if device.startswith("cuda") and doc.resources.gpu == 0:
         _fail(
             "config.device",
             f"device {device!r} needs resources.gpu > 0: Ray hides the GPUs from a trial "
@@ -414,94 +845,59 @@ def parse_spec(text: str, name: str, *, origin: str | None = None) -> StudySpec:
     return StudySpec(
         name=name,
         task=task,
-        description=description,
+        description=doc.description,
         config=fixed,
         space=space,
         search=search,
         scheduler=scheduler,
-        resources=resources,
-        run=run,
+        resources=doc.resources,
+        run=doc.run,
         source=text,
         pareto_objectives=objectives,
     )
 
 
-# -- the sections -------------------------------------------------------------------------------
+def _dimension(name: str, dim: Range[Any] | Values[Any], integer: bool) -> Dimension:
+    """A validated ``[space.<name>]`` table as a `Dimension` (of an int field: ``integer``)."""
+    if isinstance(dim, Values):
+        return Dimension(name, None, None, values=tuple(dim.values), integer=integer)
+    return Dimension(name, dim.low, dim.high, log=dim.log, integer=integer)
 
 
-def _parse_config(table: dict[str, Any], kinds: Mapping[str, _Kind]) -> dict[str, Any]:
-    if "task" in table:
-        _fail("config.task", 'the task is set at the top of the spec (task = "..."), not in [config]')
-    _check_keys(table, kinds, "config")
-    return {key: _coerce(value, kinds[key], f"config.{key}", key) for key, value in table.items()}
-
-
-def _parse_space(
-    table: dict[str, Any], fixed: Mapping[str, Any], kinds: Mapping[str, _Kind]
-) -> tuple[Dimension, ...]:
-    if not table:
-        _fail("space", "no searched fields; add at least one [space.<field>] table, e.g. [space.lambda_p]")
-    dims = []
-    for name, spec in table.items():
-        key = f"space.{name}"
-        if name in _NOT_SEARCHABLE:
-            _fail(key, f"{name} cannot be searched: {_NOT_SEARCHABLE[name]}")
-        if name not in kinds:
-            searchable = [
-                k for k, kind in kinds.items() if k not in _NOT_SEARCHABLE and kind.kind != "floats"
-            ]
-            _check_keys({name: None}, searchable, "space")
-        if name in fixed:
-            _fail(key, f"{name} is also fixed in [config]; remove it from one of the two")
-        if not isinstance(spec, dict):
-            _fail(
-                key,
-                f"must be a table ([{key}] with low/high or values), got {_show(spec)}; "
-                f"to fix {name} at one value, set it in [config]",
-            )
-        _check_keys(spec, _DIMENSION_KEYS, key)
-        dims.append(_parse_dimension(name, spec, kinds[name], key))
-    return tuple(dims)
-
-
-def _parse_dimension(name: str, spec: dict[str, Any], kind: _Kind, key: str) -> Dimension:
-    if kind.kind == "floats":
-        _fail(key, f"{name} is a list field and cannot be searched; set it in [config]")
-    log = spec.get("log", False)
-    if not isinstance(log, bool):
-        _fail(f"{key}.log", f"must be true or false, got {log!r}")
-    if "values" in spec:
-        if "log" in spec:
-            _fail(f"{key}.log", "log applies to a low/high range, not to values; remove it")
-        extra = [k for k in ("low", "high") if k in spec]
-        if extra:
-            _fail(
-                f"{key}.{extra[0]}", "a dimension has either low/high (a range) or values (a list), not both"
-            )
-        values = spec["values"]
-        if not isinstance(values, list) or not values:
-            _fail(f"{key}.values", f"must be a non-empty list of {name} values, got {values!r}")
-        coerced = tuple(_coerce(v, kind, f"{key}.values", name) for v in values)
-        for i, v in enumerate(coerced):
-            if v in coerced[:i]:
-                _fail(f"{key}.values", f"{v!r} is listed twice; list each value once")
-        return Dimension(name, None, None, values=coerced, integer=kind.kind == "int")
-    if kind.kind == "str":
-        choices = f" (one of {', '.join(kind.choices)})" if kind.choices else ""
-        _fail(key, f"{name} is a string field: search it with values = [...]{choices}, not low/high")
-    for end in ("low", "high"):
-        if end not in spec:
-            _fail(f"{key}.{end}", "missing; a range needs low and high (or give values = [...] instead)")
-    low = _coerce(spec["low"], kind, f"{key}.low", f"{name} low")
-    high = _coerce(spec["high"], kind, f"{key}.high", f"{name} high")
-    if not low < high:
+def _checked_scheduler(
+    scheduler: SchedulerSpec, task: str, sets: list[str], iterations: int, eval_interval: int
+) -> SchedulerSpec:
+    _check_metric(scheduler.metric, "scheduler.metric", task, sets)
+    _check_mode(scheduler.mode, scheduler.metric, "scheduler.mode")
+    grace = scheduler.grace_period
+    if grace is None:  # a quarter of the budget, on the evaluation grid
+        grace = max(eval_interval, iterations // 4 // eval_interval * eval_interval)
+    if grace > iterations:
         _fail(
-            f"{key}.high",
-            f"high ({high}) must be above low ({low}); to fix {name} at one value, set it in [config]",
+            "scheduler.grace_period",
+            f"grace_period ({grace}) is above the budget, config.iterations ({iterations}); lower it",
         )
-    if log and low <= 0:
-        _fail(f"{key}.low", f"log = true needs low > 0, got {low}")
-    return Dimension(name, low, high, log=log, integer=kind.kind == "int")
+    if grace < eval_interval:
+        _fail(
+            "scheduler.grace_period",
+            f"grace_period ({grace}) is below config.eval_interval ({eval_interval}): ASHA sees a trial "
+            f"only at its evaluations; use a multiple of {eval_interval}",
+        )
+    return scheduler.model_copy(update={"grace_period": grace})
+
+
+def _grid_search(search: SearchSpec, space: tuple[Dimension, ...], given: bool) -> SearchSpec:
+    ranges = [d.name for d in space if d.values is None]
+    if ranges:
+        _fail(
+            f"space.{ranges[0]}",
+            "the grid sampler tries listed values: give every searched field values = [...] "
+            '(or use sampler = "tpe" for a range)',
+        )
+    size = math.prod(len(d.values or ()) for d in space)
+    if given and search.num_samples != size:
+        _fail("search.num_samples", f"the grid has {size} points; set num_samples = {size}, or leave it out")
+    return search.model_copy(update={"num_samples": size})
 
 
 def _check_corners(task: str, fixed: Mapping[str, Any], space: tuple[Dimension, ...]) -> list[str]:
@@ -570,48 +966,6 @@ def _corners(points: list[list[tuple[str, Any]]]) -> Iterator[tuple[int, ...]]:
             yield combo
 
 
-def _parse_search(table: dict[str, Any]) -> SearchSpec:
-    _check_keys(table, [f.name for f in dataclasses.fields(SearchSpec)], "search")
-    default = SearchSpec()
-    sampler = table.get("sampler", default.sampler)
-    if sampler not in SAMPLERS:
-        close = difflib.get_close_matches(str(sampler), SAMPLERS, n=1)
-        hint = f"; did you mean {close[0]!r}?" if close else ""
-        _fail("search.sampler", f"must be one of {', '.join(SAMPLERS)}, got {sampler!r}{hint}")
-    needs = {"cmaes": "cmaes", "qmc": "scipy", "gp": "scipy"}.get(sampler)
-    if needs and importlib.util.find_spec(needs) is None:
-        _fail(
-            "search.sampler",
-            f'the {sampler} sampler needs the {needs} package: pip install {needs}, or use sampler = "tpe"',
-        )
-    seed = table.get("seed", default.seed)
-    if seed is not None:
-        seed = _int(seed, "search.seed", "seed")
-        if not 0 <= seed < 2**32:
-            _fail("search.seed", f"must be in [0, 2**32), got {seed}")
-    num_samples = _positive_int(
-        table.get("num_samples", default.num_samples), "search.num_samples", "num_samples"
-    )
-    max_concurrent = _positive_int(
-        table.get("max_concurrent", default.max_concurrent), "search.max_concurrent", "max_concurrent"
-    )
-    return SearchSpec(sampler=sampler, seed=seed, num_samples=num_samples, max_concurrent=max_concurrent)
-
-
-def _grid_search(search: SearchSpec, space: tuple[Dimension, ...], given: bool) -> SearchSpec:
-    ranges = [d.name for d in space if d.values is None]
-    if ranges:
-        _fail(
-            f"space.{ranges[0]}",
-            "the grid sampler tries listed values: give every searched field values = [...] "
-            '(or use sampler = "tpe" for a range)',
-        )
-    size = math.prod(len(d.values or ()) for d in space)
-    if given and search.num_samples != size:
-        _fail("search.num_samples", f"the grid has {size} points; set num_samples = {size}, or leave it out")
-    return dataclasses.replace(search, num_samples=size)
-
-
 # the direction a metric is always optimised in: the other would keep the worst trials
 _MODE_OF = {
     "halted_accuracy": "max",
@@ -622,11 +976,9 @@ _MODE_OF = {
 }
 
 
-def _check_metric(metric: Any, key: str, task: str, sets: list[str]) -> None:
+def _check_metric(metric: str, key: str, task: str, sets: list[str]) -> None:
     """``metric`` is a number every trial reports: ``<set>/<metric>`` of an evaluation set the
     config has at every point of the space, or ``train/<metric>``."""
-    if not isinstance(metric, str):
-        _fail(key, f'must be a string like "test/halted_accuracy", got {metric!r}')
     reported = [f"{s}/{m}" for s in sets for m in SET_METRICS] + [f"train/{m}" for m in TRAIN_METRICS]
     if metric not in reported:
         set_name, _, m = metric.partition("/")
@@ -646,120 +998,10 @@ def _check_metric(metric: Any, key: str, task: str, sets: list[str]) -> None:
         _fail(key, f"{why}; {hint}".rstrip("; "))
 
 
-def _check_mode(mode: Any, metric: str, key: str) -> None:
-    if mode not in ("max", "min"):
-        _fail(key, f'must be "max" or "min", got {mode!r}')
+def _check_mode(mode: str, metric: str, key: str) -> None:
     want = _MODE_OF.get(metric.partition("/")[2])
     if want is not None and mode != want:
         _fail(key, f'mode = "{mode}" would keep the worst {metric}; use mode = "{want}"')
-
-
-def _parse_objectives(table: dict[str, Any], task: str, sets: list[str]) -> tuple[tuple[str, str], ...]:
-    """``[objectives]``: ``"<metric>" = "max" | "min"``, two or more, the primary first."""
-    if not table:
-        return ()
-    for metric, mode in table.items():
-        key = f'objectives."{metric}"'
-        _check_metric(metric, key, task, sets)
-        _check_mode(mode, metric, key)
-    if len(table) < 2:
-        _fail(
-            "objectives",
-            "one objective is a single-objective study: set it as [scheduler] metric and mode (with "
-            'ASHA), or add another, e.g. "test/mean_halting_step" = "min"',
-        )
-    return tuple((metric, mode) for metric, mode in table.items())
-
-
-def _parse_scheduler(
-    table: dict[str, Any], task: str, sets: list[str], iterations: int, eval_interval: int
-) -> SchedulerSpec:
-    _check_keys(table, [f.name for f in dataclasses.fields(SchedulerSpec)], "scheduler")
-    default = SchedulerSpec()
-    metric = table.get("metric", default.metric)
-    _check_metric(metric, "scheduler.metric", task, sets)
-    mode = table.get("mode", default.mode)
-    _check_mode(mode, metric, "scheduler.mode")
-    if "grace_period" in table:
-        grace = _positive_int(table["grace_period"], "scheduler.grace_period", "grace_period")
-    else:  # a quarter of the budget, on the evaluation grid
-        grace = max(eval_interval, iterations // 4 // eval_interval * eval_interval)
-    if grace > iterations:
-        _fail(
-            "scheduler.grace_period",
-            f"grace_period ({grace}) is above the budget, config.iterations ({iterations}); lower it",
-        )
-    if grace < eval_interval:
-        _fail(
-            "scheduler.grace_period",
-            f"grace_period ({grace}) is below config.eval_interval ({eval_interval}): ASHA sees a trial "
-            f"only at its evaluations; use a multiple of {eval_interval}",
-        )
-    factor = _number(table.get("reduction_factor", default.reduction_factor), "scheduler.reduction_factor")
-    if not factor > 1:
-        _fail("scheduler.reduction_factor", f"must be above 1 (3 keeps a third at each rung), got {factor}")
-    brackets = _positive_int(table.get("brackets", default.brackets), "scheduler.brackets", "brackets")
-    return SchedulerSpec(
-        metric=metric, mode=mode, grace_period=grace, reduction_factor=factor, brackets=brackets
-    )
-
-
-def _parse_resources(table: dict[str, Any]) -> ResourcesSpec:
-    _check_keys(table, [f.name for f in dataclasses.fields(ResourcesSpec)], "resources")
-    default = ResourcesSpec()
-    cpu = _number(table.get("cpu", default.cpu), "resources.cpu")
-    if not cpu > 0:
-        _fail("resources.cpu", f"must be above 0 (CPUs per trial), got {cpu:g}")
-    gpu = _number(table.get("gpu", default.gpu), "resources.gpu")
-    if gpu < 0:
-        _fail("resources.gpu", f"must be >= 0 (GPUs per trial), got {gpu:g}")
-    if gpu > 1 and not gpu.is_integer():
-        _fail("resources.gpu", f"above 1 must be a whole number of GPUs, got {gpu:g}")
-    return ResourcesSpec(cpu=cpu, gpu=gpu)
-
-
-def _parse_run(table: dict[str, Any]) -> RunSpec:
-    _check_keys(table, [f.name for f in dataclasses.fields(RunSpec)], "run")
-    default = RunSpec()
-    storage = _storage(table.get("storage", default.storage), "run.storage")
-    failures = _int(table.get("max_failures", default.max_failures), "run.max_failures", "max_failures")
-    if failures < 0:
-        _fail("run.max_failures", f"must be >= 0 (0: a trial that errors stays failed), got {failures}")
-    return RunSpec(storage=storage, max_failures=failures)
-
-
-# -- values -------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class _Kind:
-    """What TOML value a config field takes: int, float, str (maybe from a fixed set), or floats."""
-
-    kind: Literal["int", "float", "str", "floats"]
-    choices: tuple[str, ...] = ()
-
-
-def _field_kinds(task: str) -> dict[str, _Kind]:
-    cls = CONFIGS[task]
-    hints = get_type_hints(cls)
-    kinds: dict[str, _Kind] = {}
-    for f in dataclasses.fields(cls):
-        hint = hints[f.name]
-        if isinstance(hint, types.UnionType) or get_origin(hint) is Union:
-            (hint,) = (a for a in get_args(hint) if a is not type(None))
-        if get_origin(hint) is Literal:
-            kinds[f.name] = _Kind("str", tuple(str(a) for a in get_args(hint)))
-        elif get_origin(hint) is tuple:
-            kinds[f.name] = _Kind("floats")
-        elif hint is int:
-            kinds[f.name] = _Kind("int")
-        elif hint is float:
-            kinds[f.name] = _Kind("float")
-        elif hint is str:
-            kinds[f.name] = _Kind("str")
-        else:
-            raise TypeError(f"{cls.__name__}.{f.name}: no TOML kind for {hint!r}")
-    return kinds
 
 
 def _field_default(task: str, name: str) -> Any:
@@ -770,68 +1012,6 @@ def _field_default(task: str, name: str) -> Any:
 def _config_error_field(exc: ConfigError) -> str:
     """The field a `ConfigError` names: its messages start with it (``lambda_p must be ...``)."""
     return str(exc).split(" ", 1)[0]
-
-
-def _coerce(value: Any, kind: _Kind, key: str, what: str) -> Any:
-    """``value`` as the field's type; ``what`` names the value in the message."""
-    if kind.kind == "int":
-        return _int(value, key, what)
-    if kind.kind == "float":
-        return _number(value, key, what)
-    if kind.kind == "floats":
-        if not isinstance(value, list):
-            _fail(key, f"{what} must be a list of numbers, got {_show(value)}")
-        return tuple(_number(v, key, f"each of {what}") for v in value)
-    if not isinstance(value, str):
-        _fail(key, f"{what} must be a string, got {_show(value)}")
-    if kind.choices and value not in kind.choices:
-        close = difflib.get_close_matches(value, kind.choices, n=1)
-        hint = f"; did you mean {close[0]!r}?" if close else ""
-        _fail(key, f"{what} must be one of {', '.join(kind.choices)}, got {value!r}{hint}")
-    return value
-
-
-def _int(value: Any, key: str, what: str = "") -> int:
-    what = what or key.rsplit(".", 1)[-1]
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value
-    if isinstance(value, float) and value.is_integer():
-        _fail(key, f"{what} must be an integer, got {value!r}; write {int(value)}")
-    if isinstance(value, str) and re.fullmatch(r"[+-]?\d+", value.strip()):
-        _fail(key, f"{what} must be an integer, got the string {value!r}; remove the quotes")
-    _fail(key, f"{what} must be an integer, got {_show(value)}")
-
-
-def _number(value: Any, key: str, what: str = "") -> float:
-    what = what or key.rsplit(".", 1)[-1]
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        if not math.isfinite(value):
-            _fail(key, f"{what} must be a finite number, got {value!r}")
-        return float(value)
-    if isinstance(value, str):
-        try:
-            float(value)
-        except ValueError:
-            pass
-        else:
-            _fail(key, f"{what} must be a number, got the string {value!r}; remove the quotes")
-    _fail(key, f"{what} must be a number, got {_show(value)}")
-
-
-def _positive_int(value: Any, key: str, what: str) -> int:
-    number = _int(value, key, what)
-    if number < 1:
-        _fail(key, f"{what} must be >= 1, got {number}")
-    return number
-
-
-def _storage(value: Any, key: str) -> str:
-    if not isinstance(value, str) or not value.strip():
-        _fail(key, f'must be a non-empty path or URI (storage = "results"), got {_show(value)}')
-    try:
-        return expand_storage(value)
-    except StorageError as e:
-        _fail(key, str(e))
 
 
 def check_name(name: Any, key: str) -> None:
@@ -863,24 +1043,6 @@ def _show(value: Any) -> str:
     kinds = {bool: "a boolean", int: "an integer", float: "a float", str: "a string", list: "an array"}
     kind = kinds.get(type(value), "a table" if isinstance(value, dict) else type(value).__name__)
     return f"{value!r} ({kind})"
-
-
-def _table(doc: Mapping[str, Any], key: str) -> dict[str, Any]:
-    value = doc.get(key, {})
-    if not isinstance(value, dict):
-        _fail(key, f"must be a table ([{key}] on a line of its own), got {_show(value)}")
-    return value
-
-
-def _check_keys(table: Mapping[str, Any], known: Iterable[str], where: str) -> None:
-    known = list(known)
-    for key in table:
-        if key not in known:
-            close = _closest(key, known)
-            hint = f"did you mean {close!r}? " if close else ""
-            path = f"{where}.{key}" if where else key
-            section = f"[{where}]" if where else "the top level"
-            _fail(path, f"unknown key; {hint}keys of {section}: {', '.join(sorted(known))}")
 
 
 def _closest(key: str, known: list[str]) -> str | None:
