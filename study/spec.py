@@ -132,6 +132,7 @@ __all__ = [
     "list_specs",
     "load_spec",
     "parse_spec",
+    "schema_text",
     "to_toml",
 ]
 
@@ -527,7 +528,6 @@ def json_schema() -> dict[str, Any]:
     schema = _drop_null_defaults(_DOCUMENT.json_schema())
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
-        "$id": "https://github.com/ponder-study/ponder-study/study/specs/spec.schema.json",
         "title": "ponder-study spec",
         "description": (
             "A ponder-study spec: one hyperparameter study of a PonderNet task (ponder-study run SPEC). "
@@ -542,10 +542,20 @@ def json_schema() -> dict[str, Any]:
     }
 
 
+def schema_text() -> str:
+    """`json_schema` as the text of ``specs/spec.schema.json``."""
+    return json.dumps(json_schema(), indent=2, ensure_ascii=False) + "\n"
+
+
 def _drop_null_defaults(node: Any) -> Any:
-    """TOML has no null: a field without a value is left out, so ``"default": null`` says nothing."""
+    """TOML has no null (a field without a value is left out), and a table's default is each of
+    its fields' own: neither ``"default": null`` nor a table's default says anything."""
     if isinstance(node, dict):
-        return {k: _drop_null_defaults(v) for k, v in node.items() if not (k == "default" and v is None)}
+        return {
+            k: _drop_null_defaults(v)
+            for k, v in node.items()
+            if not (k == "default" and (v is None or isinstance(v, dict)))
+        }
     if isinstance(node, list):
         return [_drop_null_defaults(v) for v in node]
     return node
