@@ -173,6 +173,27 @@ def build_parser() -> argparse.ArgumentParser:
         "list", help="the shipped specs and the studies under --storage", description="List."
     )
     storage(lst)
+
+    check = sub.add_parser(
+        "check",
+        help="validate a spec and say what running it would do (no Ray)",
+        description="Validate a spec without starting Ray and print what `run` would do: the search "
+        "space, the trial count, the budget in trial-iterations, resources, trials at once, where the "
+        "results go, and a wall-time estimate from a few iterations timed on this machine.",
+    )
+    check.add_argument("spec", help="a shipped spec or a path to a .toml file")
+    storage(check, from_spec=True)
+    check.add_argument(
+        "--no-estimate", action="store_true", help="skip timing a few training iterations (no torch)"
+    )
+
+    sub.add_parser(
+        "schema",
+        help="print the JSON Schema of a spec (for editors: taplo, Even Better TOML)",
+        description="Print the JSON Schema of a spec's TOML, generated from the spec's models; the "
+        "shipped copy is study/specs/spec.schema.json, which every shipped spec names on its first "
+        "line (#:schema ./spec.schema.json).",
+    )
     return parser
 
 
@@ -323,7 +344,7 @@ def _storage_arg(args: argparse.Namespace) -> str | None:
     """--storage, else $PONDER_STUDY_STORAGE, expanded and checked; None when neither is set."""
     from study.storage import StorageError, expand_storage
 
-    value: str | None = args.storage
+    value: str | None = getattr(args, "storage", None)
     where = "--storage"
     if value is None and os.environ.get(STORAGE_ENV, "").strip():
         value, where = os.environ[STORAGE_ENV], f"${STORAGE_ENV}"
@@ -404,6 +425,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             _fail(str(e))
     if args.command in ("run", "resume"):
         return _drive(args, storage_arg, argv)
+    if args.command == "schema":
+        from study.spec import schema_text
+
+        print(schema_text(), end="")
+        return 0
+    if args.command == "check":
+        from study.check import check_spec
+
+        try:
+            print(check_spec(args.spec, storage_arg, estimate=not args.no_estimate))
+        except SpecError as e:
+            _fail(str(e))
+        return 0
     try:
         return _read(args, storage_arg or DEFAULT_STORAGE)
     except KeyboardInterrupt:

@@ -5,6 +5,7 @@ search (an Optuna sampler), when to stop poor trials early (ASHA), what a trial 
 the results go. Field names are the config dataclass's own (``lambda_p``, ``max_steps``), the
 same names as the ``ponder.train`` flags and the Parquet columns::
 
+    #:schema ./spec.schema.json  # editors (taplo, Even Better TOML) complete and check as you type
     description = "One line shown by `ponder-study list`."
     task = "parity"              # a key of ponder.config.CONFIGS
 
@@ -53,31 +54,52 @@ same names as the ``ponder.train`` flags and the Parquet columns::
     storage = "results"          # a local directory or a URI (s3://bucket/path)
     max_failures = 2             # retries of a trial that errors, from its last checkpoint
 
-Every table but ``[space]`` is optional. Validation is complete and strict: an unknown key, a
-value of the wrong type or out of range, a search space with a corner the config itself refuses,
-or a metric the task does not report is a `SpecError` whose one-line message starts with the
-key (``space.lambda_p.high: lambda_p must be in (0, 1], got 1.5``) and says how to fix it.
+Every table but ``[space]`` is optional. Validation is complete and strict, in two layers:
+
+- typed pydantic models of the document (a union on ``task``: each task's ``[config]`` and
+  ``[space]`` fields are its config dataclass's own): unknown keys, types, bounds. They are also
+  the JSON Schema editors read (`json_schema`, ``ponder-study schema``);
+- cross-field checks in `parse_spec` that a schema cannot express: every corner of the search
+  space is built as a config (the config's own validation speaks), metrics the task reports at
+  every point of the space, the grid sampler's rules, ASHA's grace period against the budget.
+
+Either way a bad spec is a `SpecError` whose one-line message starts with the key
+(``space.lambda_p.high: lambda_p must be in (0, 1], got 1.5``) and says how to fix it.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
-import importlib.util
 import itertools
 import json
 import math
 import re
 import tomllib
-import types
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, NoReturn, Union, get_args, get_origin, get_type_hints
+from typing import Any, NoReturn
+
+from pydantic import ValidationError
 
 from ponder.config import CONFIGS, ConfigError, TaskConfig
 from ponder.metrics import SET_LIST_METRICS, SET_METRICS, TRAIN_METRICS, eval_set_names
-from study.storage import StorageError, expand_storage
+from study.spec_models import (
+    DOCUMENT,
+    SAMPLERS,
+    Range,
+    ResourcesSpec,
+    RunSpec,
+    SchedulerSpec,
+    SearchSpec,
+    Values,
+    field_types,
+    first_error,
+    json_schema,
+    schema_text,
+    toml_key,
+)
 
 __all__ = [
     "NAME_PATTERN",
@@ -91,17 +113,17 @@ __all__ = [
     "SpecError",
     "StudySpec",
     "check_name",
+    "json_schema",
     "list_specs",
     "load_spec",
     "parse_spec",
+    "schema_text",
     "to_toml",
 ]
 
 SPECS_DIR = Path(__file__).parent / "specs"
-"""Where the shipped specs live, one ``<name>.toml`` each."""
+"""Where the shipped specs live, one ``<name>.toml`` each, beside ``spec.schema.json``."""
 
-SAMPLERS = ("tpe", "random", "qmc", "gp", "cmaes", "grid")
-"""Optuna samplers a spec may name."""
 
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 """A study name: it becomes a directory name and a Parquet partition value (``study=<name>``)."""
@@ -110,16 +132,6 @@ MAX_NAME_LENGTH = 255 - len("study=")
 (names are ASCII: a character is a byte)."""
 
 _MAX_CORNERS = 4096  # past this many corners of the space, check each dimension's ends alone
-
-# fields a study may not search: the budget is ASHA's max_t, the interval its reporting grid
-_NOT_SEARCHABLE = {
-    "iterations": "it is the trial budget (ASHA's max_t); set it in [config]",
-    "eval_interval": "ASHA compares trials at evaluations, which must line up; set it in [config]",
-}
-
-_TABLES = ("config", "space", "search", "scheduler", "objectives", "resources", "run")
-_TOP_KEYS = ("description", "task", *_TABLES)
-_DIMENSION_KEYS = ("low", "high", "log", "values")
 
 
 class SpecError(ValueError):
@@ -173,45 +185,6 @@ class Dimension:
         ):
             return float(value)
         return value
-
-
-@dataclass(frozen=True)
-class SearchSpec:
-    """How trials are proposed: an Optuna sampler, its seed, how many trials, how many at once."""
-
-    sampler: str = "tpe"
-    seed: int | None = 0
-    num_samples: int = 8
-    max_concurrent: int = 2
-
-
-@dataclass(frozen=True)
-class SchedulerSpec:
-    """ASHA: compare trials on ``metric`` at rungs from ``grace_period`` training iterations."""
-
-    metric: str = "test/halted_accuracy"
-    mode: str = "max"
-    grace_period: int = 500
-    """Training iterations before a trial can be stopped; a spec without one gets a quarter
-    of its budget, on the evaluation grid."""
-    reduction_factor: float = 3.0
-    brackets: int = 1
-
-
-@dataclass(frozen=True)
-class ResourcesSpec:
-    """What one trial reserves; a fractional ``gpu`` shares a GPU between trials."""
-
-    cpu: float = 1.0
-    gpu: float = 0.0
-
-
-@dataclass(frozen=True)
-class RunSpec:
-    """Where results land and how often a failed trial is retried from its checkpoint."""
-
-    storage: str = "results"
-    max_failures: int = 2
 
 
 @dataclass(frozen=True)
@@ -316,11 +289,9 @@ class StudySpec:
         doc = tomllib.loads(self.source)
         changes: list[str] = []
         if num_samples is not None and num_samples != self.search.num_samples:
-            _positive_int(num_samples, "search.num_samples", "num_samples")
             doc.setdefault("search", {})["num_samples"] = num_samples
-            changes.append(f"num_samples = {num_samples}")
+            changes.append(f"num_samples = {_toml_value(num_samples)}")
         if storage is not None and storage != self.run.storage:
-            _storage(storage, "run.storage")
             doc.setdefault("run", {})["storage"] = storage
             changes.append(f"storage = {_toml_value(storage)}")
         if not changes:
@@ -360,52 +331,60 @@ def parse_spec(text: str, name: str, *, origin: str | None = None) -> StudySpec:
     syntax errors). Raises `SpecError` at the first problem."""
     check_name(name, "name")
     try:
-        doc = tomllib.loads(text)
+        raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         _fail("", f"{origin or f'spec {name!r}'}: not valid TOML: {exc}")
-    _check_keys(doc, _TOP_KEYS, "")
-    tables = {t: _table(doc, t) for t in _TABLES}
+    try:
+        doc = DOCUMENT.validate_python(raw)
+    except ValidationError as exc:
+        key, line = first_error(exc)
+        raise SpecError(line, key) from None
+    return _cross_checked(doc, raw, name, text)
 
-    task = doc.get("task")
-    if task is None:
-        _fail("task", f'missing; set task = "parity" at the top (tasks: {", ".join(CONFIGS)})')
-    if not isinstance(task, str) or task not in CONFIGS:
-        _fail("task", f"must be one of {', '.join(CONFIGS)}, got {task!r}")
-    description = doc.get("description", "")
-    if not isinstance(description, str) or "\n" in description:
-        _fail("description", f"must be a one-line string, got {description!r}")
 
-    kinds = _field_kinds(task)
-    fixed = _parse_config(tables["config"], kinds)
+def _cross_checked(doc: Any, raw: dict[str, Any], name: str, text: str) -> StudySpec:
+    """The checks across fields that the models (and the schema) cannot express."""
+    task = doc.task
+    fixed = {k: getattr(doc.config, k) for k in raw.get("config", {})}
+    fixed = {k: tuple(v) if isinstance(v, list) else v for k, v in fixed.items()}
     iterations = fixed.get("iterations", _field_default(task, "iterations"))
     eval_interval = fixed.get("eval_interval", _field_default(task, "eval_interval"))
-    if iterations < 1:
-        _fail("config.iterations", f"a study needs iterations >= 1 (ASHA's budget), got {iterations}")
     if eval_interval > iterations:
         _fail(
             "config.eval_interval",
             f"eval_interval ({eval_interval}) is above iterations ({iterations}): a trial would report "
             "only at its end, leaving ASHA nothing to compare; lower eval_interval",
         )
-    space = _parse_space(tables["space"], fixed, kinds)
-    set_names = _check_corners(task, fixed, space)
-    search = _parse_search(tables["search"])
+    kinds = field_types(task)
+    space = tuple(_dimension(n, getattr(doc.space, n), kinds[n] is int) for n in raw["space"])
+    for d in space:
+        if d.name in fixed:
+            _fail(f"space.{d.name}", f"{d.name} is also fixed in [config]; remove it from one of the two")
+    sets = _check_corners(task, fixed, space)
+    search = doc.search
     if search.sampler == "grid":  # every point once: the size of the grid is the trial count
-        search = _grid_search(search, space, given="num_samples" in tables["search"])
-    objectives = _parse_objectives(tables["objectives"], task, set_names)
-    if objectives and "scheduler" in doc:
+        search = _grid_search(search, space, given="num_samples" in raw.get("search", {}))
+    objectives = tuple(doc.objectives.items())
+    for metric, mode in objectives:
+        _check_metric(metric, f"objectives.{toml_key(metric)}", task, sets)
+        _check_mode(mode, metric, f"objectives.{toml_key(metric)}")
+    if len(objectives) == 1:
+        _fail(
+            "objectives",
+            "one objective is a single-objective study: set it as [scheduler] metric and mode (with "
+            'ASHA), or add another, e.g. "test/mean_halting_step" = "min"',
+        )
+    scheduler = None
+    if objectives and "scheduler" in raw:
         _fail(
             "scheduler",
             "ASHA compares trials on one metric, and [objectives] asks for several: a multi-objective "
             "study runs every trial to its budget; remove [scheduler] (or [objectives])",
         )
-    scheduler = None
     if not objectives:
-        scheduler = _parse_scheduler(tables["scheduler"], task, set_names, iterations, eval_interval)
-    resources = _parse_resources(tables["resources"])
-    run = _parse_run(tables["run"])
+        scheduler = _checked_scheduler(doc.scheduler, task, sets, iterations, eval_interval)
     device = fixed.get("device", "auto")
-    if device.startswith("cuda") and resources.gpu == 0:
+    if device.startswith("cuda") and doc.resources.gpu == 0:
         _fail(
             "config.device",
             f"device {device!r} needs resources.gpu > 0: Ray hides the GPUs from a trial "
@@ -414,94 +393,59 @@ def parse_spec(text: str, name: str, *, origin: str | None = None) -> StudySpec:
     return StudySpec(
         name=name,
         task=task,
-        description=description,
+        description=doc.description,
         config=fixed,
         space=space,
         search=search,
         scheduler=scheduler,
-        resources=resources,
-        run=run,
+        resources=doc.resources,
+        run=doc.run,
         source=text,
         pareto_objectives=objectives,
     )
 
 
-# -- the sections -------------------------------------------------------------------------------
+def _dimension(name: str, dim: Range[Any] | Values[Any], integer: bool) -> Dimension:
+    """A validated ``[space.<name>]`` table as a `Dimension` (of an int field: ``integer``)."""
+    if isinstance(dim, Values):
+        return Dimension(name, None, None, values=tuple(dim.values), integer=integer)
+    return Dimension(name, dim.low, dim.high, log=dim.log, integer=integer)
 
 
-def _parse_config(table: dict[str, Any], kinds: Mapping[str, _Kind]) -> dict[str, Any]:
-    if "task" in table:
-        _fail("config.task", 'the task is set at the top of the spec (task = "..."), not in [config]')
-    _check_keys(table, kinds, "config")
-    return {key: _coerce(value, kinds[key], f"config.{key}", key) for key, value in table.items()}
-
-
-def _parse_space(
-    table: dict[str, Any], fixed: Mapping[str, Any], kinds: Mapping[str, _Kind]
-) -> tuple[Dimension, ...]:
-    if not table:
-        _fail("space", "no searched fields; add at least one [space.<field>] table, e.g. [space.lambda_p]")
-    dims = []
-    for name, spec in table.items():
-        key = f"space.{name}"
-        if name in _NOT_SEARCHABLE:
-            _fail(key, f"{name} cannot be searched: {_NOT_SEARCHABLE[name]}")
-        if name not in kinds:
-            searchable = [
-                k for k, kind in kinds.items() if k not in _NOT_SEARCHABLE and kind.kind != "floats"
-            ]
-            _check_keys({name: None}, searchable, "space")
-        if name in fixed:
-            _fail(key, f"{name} is also fixed in [config]; remove it from one of the two")
-        if not isinstance(spec, dict):
-            _fail(
-                key,
-                f"must be a table ([{key}] with low/high or values), got {_show(spec)}; "
-                f"to fix {name} at one value, set it in [config]",
-            )
-        _check_keys(spec, _DIMENSION_KEYS, key)
-        dims.append(_parse_dimension(name, spec, kinds[name], key))
-    return tuple(dims)
-
-
-def _parse_dimension(name: str, spec: dict[str, Any], kind: _Kind, key: str) -> Dimension:
-    if kind.kind == "floats":
-        _fail(key, f"{name} is a list field and cannot be searched; set it in [config]")
-    log = spec.get("log", False)
-    if not isinstance(log, bool):
-        _fail(f"{key}.log", f"must be true or false, got {log!r}")
-    if "values" in spec:
-        if "log" in spec:
-            _fail(f"{key}.log", "log applies to a low/high range, not to values; remove it")
-        extra = [k for k in ("low", "high") if k in spec]
-        if extra:
-            _fail(
-                f"{key}.{extra[0]}", "a dimension has either low/high (a range) or values (a list), not both"
-            )
-        values = spec["values"]
-        if not isinstance(values, list) or not values:
-            _fail(f"{key}.values", f"must be a non-empty list of {name} values, got {values!r}")
-        coerced = tuple(_coerce(v, kind, f"{key}.values", name) for v in values)
-        for i, v in enumerate(coerced):
-            if v in coerced[:i]:
-                _fail(f"{key}.values", f"{v!r} is listed twice; list each value once")
-        return Dimension(name, None, None, values=coerced, integer=kind.kind == "int")
-    if kind.kind == "str":
-        choices = f" (one of {', '.join(kind.choices)})" if kind.choices else ""
-        _fail(key, f"{name} is a string field: search it with values = [...]{choices}, not low/high")
-    for end in ("low", "high"):
-        if end not in spec:
-            _fail(f"{key}.{end}", "missing; a range needs low and high (or give values = [...] instead)")
-    low = _coerce(spec["low"], kind, f"{key}.low", f"{name} low")
-    high = _coerce(spec["high"], kind, f"{key}.high", f"{name} high")
-    if not low < high:
+def _checked_scheduler(
+    scheduler: SchedulerSpec, task: str, sets: list[str], iterations: int, eval_interval: int
+) -> SchedulerSpec:
+    _check_metric(scheduler.metric, "scheduler.metric", task, sets)
+    _check_mode(scheduler.mode, scheduler.metric, "scheduler.mode")
+    grace = scheduler.grace_period
+    if grace is None:  # a quarter of the budget, on the evaluation grid
+        grace = max(eval_interval, iterations // 4 // eval_interval * eval_interval)
+    if grace > iterations:
         _fail(
-            f"{key}.high",
-            f"high ({high}) must be above low ({low}); to fix {name} at one value, set it in [config]",
+            "scheduler.grace_period",
+            f"grace_period ({grace}) is above the budget, config.iterations ({iterations}); lower it",
         )
-    if log and low <= 0:
-        _fail(f"{key}.low", f"log = true needs low > 0, got {low}")
-    return Dimension(name, low, high, log=log, integer=kind.kind == "int")
+    if grace < eval_interval:
+        _fail(
+            "scheduler.grace_period",
+            f"grace_period ({grace}) is below config.eval_interval ({eval_interval}): ASHA sees a trial "
+            f"only at its evaluations; use a multiple of {eval_interval}",
+        )
+    return scheduler.model_copy(update={"grace_period": grace})
+
+
+def _grid_search(search: SearchSpec, space: tuple[Dimension, ...], given: bool) -> SearchSpec:
+    ranges = [d.name for d in space if d.values is None]
+    if ranges:
+        _fail(
+            f"space.{ranges[0]}",
+            "the grid sampler tries listed values: give every searched field values = [...] "
+            '(or use sampler = "tpe" for a range)',
+        )
+    size = math.prod(len(d.values or ()) for d in space)
+    if given and search.num_samples != size:
+        _fail("search.num_samples", f"the grid has {size} points; set num_samples = {size}, or leave it out")
+    return search.model_copy(update={"num_samples": size})
 
 
 def _check_corners(task: str, fixed: Mapping[str, Any], space: tuple[Dimension, ...]) -> list[str]:
@@ -570,48 +514,6 @@ def _corners(points: list[list[tuple[str, Any]]]) -> Iterator[tuple[int, ...]]:
             yield combo
 
 
-def _parse_search(table: dict[str, Any]) -> SearchSpec:
-    _check_keys(table, [f.name for f in dataclasses.fields(SearchSpec)], "search")
-    default = SearchSpec()
-    sampler = table.get("sampler", default.sampler)
-    if sampler not in SAMPLERS:
-        close = difflib.get_close_matches(str(sampler), SAMPLERS, n=1)
-        hint = f"; did you mean {close[0]!r}?" if close else ""
-        _fail("search.sampler", f"must be one of {', '.join(SAMPLERS)}, got {sampler!r}{hint}")
-    needs = {"cmaes": "cmaes", "qmc": "scipy", "gp": "scipy"}.get(sampler)
-    if needs and importlib.util.find_spec(needs) is None:
-        _fail(
-            "search.sampler",
-            f'the {sampler} sampler needs the {needs} package: pip install {needs}, or use sampler = "tpe"',
-        )
-    seed = table.get("seed", default.seed)
-    if seed is not None:
-        seed = _int(seed, "search.seed", "seed")
-        if not 0 <= seed < 2**32:
-            _fail("search.seed", f"must be in [0, 2**32), got {seed}")
-    num_samples = _positive_int(
-        table.get("num_samples", default.num_samples), "search.num_samples", "num_samples"
-    )
-    max_concurrent = _positive_int(
-        table.get("max_concurrent", default.max_concurrent), "search.max_concurrent", "max_concurrent"
-    )
-    return SearchSpec(sampler=sampler, seed=seed, num_samples=num_samples, max_concurrent=max_concurrent)
-
-
-def _grid_search(search: SearchSpec, space: tuple[Dimension, ...], given: bool) -> SearchSpec:
-    ranges = [d.name for d in space if d.values is None]
-    if ranges:
-        _fail(
-            f"space.{ranges[0]}",
-            "the grid sampler tries listed values: give every searched field values = [...] "
-            '(or use sampler = "tpe" for a range)',
-        )
-    size = math.prod(len(d.values or ()) for d in space)
-    if given and search.num_samples != size:
-        _fail("search.num_samples", f"the grid has {size} points; set num_samples = {size}, or leave it out")
-    return dataclasses.replace(search, num_samples=size)
-
-
 # the direction a metric is always optimised in: the other would keep the worst trials
 _MODE_OF = {
     "halted_accuracy": "max",
@@ -622,11 +524,9 @@ _MODE_OF = {
 }
 
 
-def _check_metric(metric: Any, key: str, task: str, sets: list[str]) -> None:
+def _check_metric(metric: str, key: str, task: str, sets: list[str]) -> None:
     """``metric`` is a number every trial reports: ``<set>/<metric>`` of an evaluation set the
     config has at every point of the space, or ``train/<metric>``."""
-    if not isinstance(metric, str):
-        _fail(key, f'must be a string like "test/halted_accuracy", got {metric!r}')
     reported = [f"{s}/{m}" for s in sets for m in SET_METRICS] + [f"train/{m}" for m in TRAIN_METRICS]
     if metric not in reported:
         set_name, _, m = metric.partition("/")
@@ -646,120 +546,10 @@ def _check_metric(metric: Any, key: str, task: str, sets: list[str]) -> None:
         _fail(key, f"{why}; {hint}".rstrip("; "))
 
 
-def _check_mode(mode: Any, metric: str, key: str) -> None:
-    if mode not in ("max", "min"):
-        _fail(key, f'must be "max" or "min", got {mode!r}')
+def _check_mode(mode: str, metric: str, key: str) -> None:
     want = _MODE_OF.get(metric.partition("/")[2])
     if want is not None and mode != want:
         _fail(key, f'mode = "{mode}" would keep the worst {metric}; use mode = "{want}"')
-
-
-def _parse_objectives(table: dict[str, Any], task: str, sets: list[str]) -> tuple[tuple[str, str], ...]:
-    """``[objectives]``: ``"<metric>" = "max" | "min"``, two or more, the primary first."""
-    if not table:
-        return ()
-    for metric, mode in table.items():
-        key = f'objectives."{metric}"'
-        _check_metric(metric, key, task, sets)
-        _check_mode(mode, metric, key)
-    if len(table) < 2:
-        _fail(
-            "objectives",
-            "one objective is a single-objective study: set it as [scheduler] metric and mode (with "
-            'ASHA), or add another, e.g. "test/mean_halting_step" = "min"',
-        )
-    return tuple((metric, mode) for metric, mode in table.items())
-
-
-def _parse_scheduler(
-    table: dict[str, Any], task: str, sets: list[str], iterations: int, eval_interval: int
-) -> SchedulerSpec:
-    _check_keys(table, [f.name for f in dataclasses.fields(SchedulerSpec)], "scheduler")
-    default = SchedulerSpec()
-    metric = table.get("metric", default.metric)
-    _check_metric(metric, "scheduler.metric", task, sets)
-    mode = table.get("mode", default.mode)
-    _check_mode(mode, metric, "scheduler.mode")
-    if "grace_period" in table:
-        grace = _positive_int(table["grace_period"], "scheduler.grace_period", "grace_period")
-    else:  # a quarter of the budget, on the evaluation grid
-        grace = max(eval_interval, iterations // 4 // eval_interval * eval_interval)
-    if grace > iterations:
-        _fail(
-            "scheduler.grace_period",
-            f"grace_period ({grace}) is above the budget, config.iterations ({iterations}); lower it",
-        )
-    if grace < eval_interval:
-        _fail(
-            "scheduler.grace_period",
-            f"grace_period ({grace}) is below config.eval_interval ({eval_interval}): ASHA sees a trial "
-            f"only at its evaluations; use a multiple of {eval_interval}",
-        )
-    factor = _number(table.get("reduction_factor", default.reduction_factor), "scheduler.reduction_factor")
-    if not factor > 1:
-        _fail("scheduler.reduction_factor", f"must be above 1 (3 keeps a third at each rung), got {factor}")
-    brackets = _positive_int(table.get("brackets", default.brackets), "scheduler.brackets", "brackets")
-    return SchedulerSpec(
-        metric=metric, mode=mode, grace_period=grace, reduction_factor=factor, brackets=brackets
-    )
-
-
-def _parse_resources(table: dict[str, Any]) -> ResourcesSpec:
-    _check_keys(table, [f.name for f in dataclasses.fields(ResourcesSpec)], "resources")
-    default = ResourcesSpec()
-    cpu = _number(table.get("cpu", default.cpu), "resources.cpu")
-    if not cpu > 0:
-        _fail("resources.cpu", f"must be above 0 (CPUs per trial), got {cpu:g}")
-    gpu = _number(table.get("gpu", default.gpu), "resources.gpu")
-    if gpu < 0:
-        _fail("resources.gpu", f"must be >= 0 (GPUs per trial), got {gpu:g}")
-    if gpu > 1 and not gpu.is_integer():
-        _fail("resources.gpu", f"above 1 must be a whole number of GPUs, got {gpu:g}")
-    return ResourcesSpec(cpu=cpu, gpu=gpu)
-
-
-def _parse_run(table: dict[str, Any]) -> RunSpec:
-    _check_keys(table, [f.name for f in dataclasses.fields(RunSpec)], "run")
-    default = RunSpec()
-    storage = _storage(table.get("storage", default.storage), "run.storage")
-    failures = _int(table.get("max_failures", default.max_failures), "run.max_failures", "max_failures")
-    if failures < 0:
-        _fail("run.max_failures", f"must be >= 0 (0: a trial that errors stays failed), got {failures}")
-    return RunSpec(storage=storage, max_failures=failures)
-
-
-# -- values -------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class _Kind:
-    """What TOML value a config field takes: int, float, str (maybe from a fixed set), or floats."""
-
-    kind: Literal["int", "float", "str", "floats"]
-    choices: tuple[str, ...] = ()
-
-
-def _field_kinds(task: str) -> dict[str, _Kind]:
-    cls = CONFIGS[task]
-    hints = get_type_hints(cls)
-    kinds: dict[str, _Kind] = {}
-    for f in dataclasses.fields(cls):
-        hint = hints[f.name]
-        if isinstance(hint, types.UnionType) or get_origin(hint) is Union:
-            (hint,) = (a for a in get_args(hint) if a is not type(None))
-        if get_origin(hint) is Literal:
-            kinds[f.name] = _Kind("str", tuple(str(a) for a in get_args(hint)))
-        elif get_origin(hint) is tuple:
-            kinds[f.name] = _Kind("floats")
-        elif hint is int:
-            kinds[f.name] = _Kind("int")
-        elif hint is float:
-            kinds[f.name] = _Kind("float")
-        elif hint is str:
-            kinds[f.name] = _Kind("str")
-        else:
-            raise TypeError(f"{cls.__name__}.{f.name}: no TOML kind for {hint!r}")
-    return kinds
 
 
 def _field_default(task: str, name: str) -> Any:
@@ -770,68 +560,6 @@ def _field_default(task: str, name: str) -> Any:
 def _config_error_field(exc: ConfigError) -> str:
     """The field a `ConfigError` names: its messages start with it (``lambda_p must be ...``)."""
     return str(exc).split(" ", 1)[0]
-
-
-def _coerce(value: Any, kind: _Kind, key: str, what: str) -> Any:
-    """``value`` as the field's type; ``what`` names the value in the message."""
-    if kind.kind == "int":
-        return _int(value, key, what)
-    if kind.kind == "float":
-        return _number(value, key, what)
-    if kind.kind == "floats":
-        if not isinstance(value, list):
-            _fail(key, f"{what} must be a list of numbers, got {_show(value)}")
-        return tuple(_number(v, key, f"each of {what}") for v in value)
-    if not isinstance(value, str):
-        _fail(key, f"{what} must be a string, got {_show(value)}")
-    if kind.choices and value not in kind.choices:
-        close = difflib.get_close_matches(value, kind.choices, n=1)
-        hint = f"; did you mean {close[0]!r}?" if close else ""
-        _fail(key, f"{what} must be one of {', '.join(kind.choices)}, got {value!r}{hint}")
-    return value
-
-
-def _int(value: Any, key: str, what: str = "") -> int:
-    what = what or key.rsplit(".", 1)[-1]
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value
-    if isinstance(value, float) and value.is_integer():
-        _fail(key, f"{what} must be an integer, got {value!r}; write {int(value)}")
-    if isinstance(value, str) and re.fullmatch(r"[+-]?\d+", value.strip()):
-        _fail(key, f"{what} must be an integer, got the string {value!r}; remove the quotes")
-    _fail(key, f"{what} must be an integer, got {_show(value)}")
-
-
-def _number(value: Any, key: str, what: str = "") -> float:
-    what = what or key.rsplit(".", 1)[-1]
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        if not math.isfinite(value):
-            _fail(key, f"{what} must be a finite number, got {value!r}")
-        return float(value)
-    if isinstance(value, str):
-        try:
-            float(value)
-        except ValueError:
-            pass
-        else:
-            _fail(key, f"{what} must be a number, got the string {value!r}; remove the quotes")
-    _fail(key, f"{what} must be a number, got {_show(value)}")
-
-
-def _positive_int(value: Any, key: str, what: str) -> int:
-    number = _int(value, key, what)
-    if number < 1:
-        _fail(key, f"{what} must be >= 1, got {number}")
-    return number
-
-
-def _storage(value: Any, key: str) -> str:
-    if not isinstance(value, str) or not value.strip():
-        _fail(key, f'must be a non-empty path or URI (storage = "results"), got {_show(value)}')
-    try:
-        return expand_storage(value)
-    except StorageError as e:
-        _fail(key, str(e))
 
 
 def check_name(name: Any, key: str) -> None:
@@ -858,61 +586,22 @@ def check_name(name: Any, key: str) -> None:
         )
 
 
-def _show(value: Any) -> str:
-    """A value and its TOML type, for messages."""
-    kinds = {bool: "a boolean", int: "an integer", float: "a float", str: "a string", list: "an array"}
-    kind = kinds.get(type(value), "a table" if isinstance(value, dict) else type(value).__name__)
-    return f"{value!r} ({kind})"
-
-
-def _table(doc: Mapping[str, Any], key: str) -> dict[str, Any]:
-    value = doc.get(key, {})
-    if not isinstance(value, dict):
-        _fail(key, f"must be a table ([{key}] on a line of its own), got {_show(value)}")
-    return value
-
-
-def _check_keys(table: Mapping[str, Any], known: Iterable[str], where: str) -> None:
-    known = list(known)
-    for key in table:
-        if key not in known:
-            close = _closest(key, known)
-            hint = f"did you mean {close!r}? " if close else ""
-            path = f"{where}.{key}" if where else key
-            section = f"[{where}]" if where else "the top level"
-            _fail(path, f"unknown key; {hint}keys of {section}: {', '.join(sorted(known))}")
-
-
-def _closest(key: str, known: list[str]) -> str | None:
-    """The known key ``key`` most likely misspells: the one containing it (``grace`` for
-    ``grace_period``) or contained in it (``gpus``), else the closest by difflib."""
-    within = [k for k in known if len(key) >= 3 and (key in k or k in key)]
-    if len(within) == 1:
-        return within[0]
-    close = difflib.get_close_matches(key, known, n=1)
-    return close[0] if close else None
-
-
 # -- writing TOML (for overrides) ---------------------------------------------------------------
 
 
 def to_toml(doc: Mapping[str, Any], prefix: str = "") -> str:
     """TOML text for a parsed spec document (``tomllib.loads(spec.source)``, edited): scalars
     first, then each table under its header."""
-    lines = [f"{_toml_key(k)} = {_toml_value(v)}" for k, v in doc.items() if not isinstance(v, dict)]
+    lines = [f"{toml_key(k)} = {_toml_value(v)}" for k, v in doc.items() if not isinstance(v, dict)]
     out = "\n".join(lines) + ("\n" if lines else "")
     for key, value in doc.items():
         if isinstance(value, dict):
-            header = f"{prefix}{_toml_key(key)}"
+            header = f"{prefix}{toml_key(key)}"
             body = to_toml(value, header + ".")
             if any(not isinstance(v, dict) for v in value.values()) or not value:
                 out += f"\n[{header}]\n"
             out += body
     return out
-
-
-def _toml_key(key: str) -> str:
-    return key if re.fullmatch(r"[A-Za-z0-9_-]+", key) else json.dumps(key)
 
 
 def _toml_value(value: Any) -> str:

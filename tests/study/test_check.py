@@ -1,0 +1,102 @@
+"""`ponder-study check`: a spec's figures before launch, without Ray."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from study.check import asha_milestones, least_trial_iterations, trials_at_once
+from study.cli import main
+from study.spec import load_spec
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def run_check(*args: str) -> tuple[int, str, list[str]]:
+    """``ponder-study check ARGS`` in a fresh interpreter: exit code, stdout, and which of torch
+    and ray it imported."""
+    code = (
+        "import os, sys\n"
+        "from study.cli import main\n"
+        f"rc = main(['check', *{list(args)!r}])\n"
+        "print('LOADED', sorted(m for m in ('torch', 'ray') if m in sys.modules), flush=True)\n"
+        "os._exit(rc)  # past pyarrow's teardown, which can abort at exit (study.cli.entry)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=300)
+    text, _, loaded = out.stdout.rpartition("LOADED ")
+    return out.returncode, text + out.stderr, ast.literal_eval(loaded)
+
+
+def test_check_parity_prints_the_studys_figures_and_never_imports_ray(tmp_path: Path) -> None:
+    spec = load_spec("parity")
+    rc, out, loaded = run_check("parity", "--storage", str(tmp_path))
+    assert rc == 0, out
+    assert loaded == ["torch"], "the estimate trains with torch; Ray is never imported"
+    n, iters = spec.search.num_samples, spec.iterations
+    assert f"trials: {n} (tpe sampler" in out
+    assert f"{n} trials x {iters:,} iterations = {n * iters:,} trial-iterations" in out
+    assert spec.scheduler is not None
+    rungs = asha_milestones(spec.scheduler.grace_period, iters, spec.scheduler.reduction_factor)
+    assert f"cut it to {least_trial_iterations(n, iters, rungs, spec.scheduler.reduction_factor):,}" in out
+    for d in spec.space:
+        assert f"\n  {d.name} " in out
+    assert f"resources per trial: {spec.resources.cpu:g} CPU" in out
+    assert f"at most {spec.search.max_concurrent} (max_concurrent)" in out
+    assert str(tmp_path / "trials" / "study=parity" / "trials.parquet") in out
+    assert "no study named 'parity' there yet" in out
+    assert "ESTIMATE" in out and "measured here on cpu" in out
+
+
+def test_without_the_estimate_neither_torch_nor_ray_is_imported(tmp_path: Path) -> None:
+    rc, out, loaded = run_check("parity-lambda-grid", "--no-estimate", "--storage", str(tmp_path))
+    assert rc == 0, out
+    assert loaded == []
+    spec = load_spec("parity-lambda-grid")
+    sizes = [len(d.values or ()) for d in spec.space]
+    assert f"trials: {sizes[0] * sizes[1]} (grid: {sizes[0]} lambda_p x {sizes[1]}" in out
+    assert "not estimated (--no-estimate)" in out
+
+
+def test_an_existing_study_is_named_with_the_command_that_continues_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "studies" / "parity-smoke").mkdir(parents=True)
+    (tmp_path / "studies" / "parity-smoke" / "spec.toml").write_text(load_spec("parity-smoke").source)
+    assert main(["check", "parity-smoke", "--no-estimate", "--storage", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "already exists there: `run` would refuse it; `ponder-study resume parity-smoke`" in out
+
+
+def test_a_bad_spec_is_one_line_and_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text(load_spec("parity").source.replace("high = 0.9", "high = 1.5", 1))
+    with pytest.raises(SystemExit) as info:
+        main(["check", str(bad)])
+    assert info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("ponder-study: error: space.lambda_p.high: lambda_p must be")
+
+
+@pytest.mark.parametrize(("grace", "max_t", "factor"), [(750, 3000, 3.0), (10, 100, 2.0), (250, 2250, 3.0)])
+def test_asha_milestones_are_rays(grace: int, max_t: int, factor: float) -> None:
+    from ray.tune.schedulers.async_hyperband import _Bracket  # imports Ray, starts nothing
+
+    rays = sorted(int(m) for m, _ in _Bracket(grace, max_t, factor, s=0)._rungs)
+    assert asha_milestones(grace, max_t, factor) == [m for m in rays if m < max_t]
+
+
+def test_asha_at_best_keeps_a_fraction_at_each_rung() -> None:
+    # 9 trials, rungs 10 and 30 of 90, factor 3: 9 run to 10, 3 on to 30, 1 to 90
+    assert least_trial_iterations(9, 90, [10, 30], 3.0) == 9 * 10 + 3 * 20 + 1 * 60
+    assert least_trial_iterations(4, 100, [], 2.0) == 400  # no rung below the budget: no cut
+
+
+def test_trials_at_once_is_bounded_by_cpus_gpus_and_max_concurrent() -> None:
+    assert trials_at_once(4, 1, 0, 2, 0) == 2
+    assert trials_at_once(2, 1, 0, 16, 0) == 2
+    assert trials_at_once(8, 1, 0.25, 16, 1) == 4
+    assert trials_at_once(8, 1, 1, 16, 0) == 0
