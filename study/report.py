@@ -5,8 +5,10 @@ and history Parquet, ASHA's ``asha.json``; local or ``s3://``, no Ray, no Tune) 
 directory that can be moved, mailed or served as it is: one PNG per plot and an ``index.html``
 with relative links only, no scripts, no external fonts or styles::
 
-    results/reports/<name>/index.html               summary, the plots, means and 95 % intervals
-                                                    over seeds (`study.seeds`), the top 10 trials
+    results/reports/<name>/index.html               summary, which searched field mattered
+                                                    (`study.importance`, from the Optuna journal),
+                                                    the plots, means and 95 % intervals over seeds
+                                                    (`study.seeds`), the top 10 trials
     results/reports/<name>/sensitivity.png          accuracy and halting step against lambda_p;
                                                     per configuration, mean and 95 % interval over
                                                     seeds where a study repeats it under several
@@ -776,6 +778,7 @@ table { border-collapse: collapse; font-size: 0.9em; }
 th, td { padding: 0.25em 0.6em; border-bottom: 1px solid #ddd; text-align: right; }
 th { background: #f3f3f3; }
 .nodata { color: #a33; }
+.pending { color: #777; }
 table.importance { margin: 0.5em 0 1em; }
 table.importance caption { text-align: left; font-weight: bold; }
 table.importance td:first-child { text-align: left; }
@@ -919,7 +922,7 @@ def _importance_html(importance: Importances) -> str:
     e = html.escape
     parts = ['<section id="importance">', "<h2>Which searched field mattered</h2>"]
     if importance.why is not None:
-        parts.append(f'<p class="nodata">Importance {e(importance.why)}.</p>')
+        parts.append(f'<p class="pending">Importance {e(importance.why)}.</p>')
         return "\n".join([*parts, "</section>"])
     parts.append(
         f"<p>{EVALUATOR} importance (Optuna, seed {SEED}): the share of the objective's variance over "
