@@ -130,10 +130,25 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     status = sub.add_parser(
-        "status", help="trials by status and the best trial", description="Trials by status."
+        "status",
+        help="trials by status, the best trial, which searched field mattered; --watch: live",
+        description="Trials by status and the top trials (from the Parquet, rewritten as trials end), "
+        "then which searched field mattered for the objective (Optuna's fANOVA importance from the "
+        "study's journal, once enough trials have ended). --watch shows every trial as it runs instead, "
+        "from what Tune has written so far (each trial's result.json), without starting Ray.",
     )
     status.add_argument("name", help="the study's name")
     storage(status)
+    status.add_argument(
+        "--watch",
+        action="store_true",
+        help="redraw every trial, running ones included (iteration, objective, NaN events, mean halting "
+        "step, ASHA rung), every --interval seconds until Ctrl-C; one snapshot per refresh when "
+        "stdout is not a terminal",
+    )
+    status.add_argument(
+        "--interval", type=float, default=None, metavar="S", help="seconds between refreshes (default: 2)"
+    )
 
     export = sub.add_parser(
         "export",
@@ -469,6 +484,8 @@ def _read(args: argparse.Namespace, storage: str) -> int:
                 else ""
             )
             print(f"wrote {written.drawn} plots{empty} and {written.index}")
+            if written.importance is not None:
+                print("\n".join(written.importance.lines()))
             return 0
         if args.command == "evaluate":
             from study.trial_choice import EvaluateError, choose_trial
@@ -494,8 +511,19 @@ def _read(args: argparse.Namespace, storage: str) -> int:
             paths = runner.export(args.name, storage)
             print(f"wrote {paths.trials_parquet} and {paths.history_parquet}")
             return 0
+        if args.interval is not None and not (args.interval > 0 and args.interval < 86400):
+            _fail(f"--interval must be a number of seconds above 0, got {args.interval:g}")
+        if args.interval is not None and not args.watch:
+            _fail("--interval is for --watch: add --watch, or leave --interval out")
         spec, paths = load_study_spec(args.name, storage)  # status: the records alone, no Ray
+        if args.watch:
+            from study.live import DEFAULT_INTERVAL_S, watch
+
+            return watch(spec, paths, args.interval or DEFAULT_INTERVAL_S)
         print(summary(paths, spec.metric, spec.mode))
+        from study.importance import importances
+
+        print("\n".join(importances(spec, paths).lines()))
         return 0
     except OSError as e:  # pyarrow's errors reaching a remote storage (credentials, bucket, network)
         _fail(f"could not read or write storage {storage}: {' '.join(str(e).split())}")

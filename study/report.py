@@ -5,8 +5,10 @@ and history Parquet, ASHA's ``asha.json``; local or ``s3://``, no Ray, no Tune) 
 directory that can be moved, mailed or served as it is: one PNG per plot and an ``index.html``
 with relative links only, no scripts, no external fonts or styles::
 
-    results/reports/<name>/index.html               summary, the plots, means and 95 % intervals
-                                                    over seeds (`study.seeds`), the top 10 trials
+    results/reports/<name>/index.html               summary, which searched field mattered
+                                                    (`study.importance`, from the Optuna journal),
+                                                    the plots, means and 95 % intervals over seeds
+                                                    (`study.seeds`), the top 10 trials
     results/reports/<name>/sensitivity.png          accuracy and halting step against lambda_p;
                                                     per configuration, mean and 95 % interval over
                                                     seeds where a study repeats it under several
@@ -45,6 +47,7 @@ from matplotlib.patches import Patch
 from ponder.config import CONFIGS
 from ponder.halting import PriorTail, log_geometric_prior
 from ponder.metrics import CHANCE
+from study.importance import EVALUATOR, SEED, Importances, importances
 from study.parquet import fill_config_defaults, pareto_marks, ranked_trials
 from study.seeds import GAP, SEED_METRICS, seed_intervals
 from study.spec import NAME_PATTERN, SpecError, StudySpec, parse_spec
@@ -105,6 +108,8 @@ class Report:
     """Plot key (`PLOTS`) -> the path of its PNG (a placeholder where there was no data)."""
     missing: dict[str, str]
     """Plot key -> why its PNG is a placeholder: the plots not drawn."""
+    importance: Importances | None = None
+    """Which searched field mattered for each objective (`study.importance`), or why not yet."""
 
     @property
     def drawn(self) -> int:
@@ -197,8 +202,9 @@ def write_report(name: str, storage: str = "results", out: str | None = None) ->
         if why is not None:
             missing[key] = why
     index = join(out, "index.html")
-    _write(index, _index_html(study, missing).encode())
-    return Report(directory=out, index=index, plots=plots, missing=missing)
+    importance = importances(study.spec, study.paths)
+    _write(index, _index_html(study, missing, importance).encode())
+    return Report(directory=out, index=index, plots=plots, missing=missing, importance=importance)
 
 
 def pareto_front(trials: pd.DataFrame, accuracy: str, steps: str) -> npt.NDArray[np.bool_]:
@@ -772,6 +778,11 @@ table { border-collapse: collapse; font-size: 0.9em; }
 th, td { padding: 0.25em 0.6em; border-bottom: 1px solid #ddd; text-align: right; }
 th { background: #f3f3f3; }
 .nodata { color: #a33; }
+.pending { color: #777; }
+table.importance { margin: 0.5em 0 1em; }
+table.importance caption { text-align: left; font-weight: bold; }
+table.importance td:first-child { text-align: left; }
+.bar { display: inline-block; height: 0.8em; background: #4878a8; }
 footer { color: #777; font-size: 0.85em; margin-top: 3em; }
 """
 
@@ -806,7 +817,7 @@ def _captions(study: _Study) -> dict[str, str]:
     }
 
 
-def _index_html(study: _Study, missing: dict[str, str]) -> str:
+def _index_html(study: _Study, missing: dict[str, str], importance: Importances | None = None) -> str:
     e = html.escape
     spec, trials = study.spec, study.trials
     counts = trials["status"].value_counts() if "status" in trials.columns else pd.Series(dtype=int)
@@ -870,6 +881,7 @@ def _index_html(study: _Study, missing: dict[str, str]) -> str:
         *summary,
         "</ul>",
         "</section>",
+        _importance_html(importance) if importance is not None else "",
     ]
     captions = _captions(study)
     for key in PLOTS:
@@ -903,6 +915,32 @@ def _index_html(study: _Study, missing: dict[str, str]) -> str:
         "",
     ]
     return "\n".join(p for p in parts if p)
+
+
+def _importance_html(importance: Importances) -> str:
+    """The section that says which searched field mattered, one table per objective."""
+    e = html.escape
+    parts = ['<section id="importance">', "<h2>Which searched field mattered</h2>"]
+    if importance.why is not None:
+        parts.append(f'<p class="pending">Importance {e(importance.why)}.</p>')
+        return "\n".join([*parts, "</section>"])
+    parts.append(
+        f"<p>{EVALUATOR} importance (Optuna, seed {SEED}): the share of the objective's variance over "
+        f"the {importance.counted} trials Optuna holds complete that each searched field explains. "
+        "Trials ASHA stopped count at the value they were stopped on; diverged, errored and running "
+        "trials do not count.</p>"
+    )
+    for r in importance.results:
+        rows = "".join(
+            f"<tr><td>{e(name)}</td><td>{value:.3f}</td>"
+            f'<td><span class="bar" style="width:{max(1, round(200 * value))}px"></span></td></tr>'
+            for name, value in r.values.items()
+        )
+        parts.append(
+            f'<table class="importance"><caption>{e(r.objective)} ({e(r.mode)})</caption>'
+            f"<tr><th>field</th><th>importance</th><th></th></tr>{rows}</table>"
+        )
+    return "\n".join([*parts, "</section>"])
 
 
 def _top_table(study: _Study, ranked: pd.DataFrame) -> str:

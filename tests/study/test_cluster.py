@@ -71,7 +71,7 @@ def _spec(tmp_path: Path, *, iterations: int, eval_interval: int, grace: int, nu
 
 
 def _read(s3: S3, uri: str) -> pd.DataFrame:
-    """A Parquet dataset on S3 read with pandas, as a user would (see the README)."""
+    """A Parquet dataset on S3 read with pandas, as a user would (see docs/cluster.md)."""
     return pd.read_parquet(uri.removeprefix("s3://"), filesystem=s3.fs())
 
 

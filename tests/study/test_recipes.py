@@ -1,4 +1,5 @@
-"""The README's Parquet recipes, run as they stand against a study the CLI generates."""
+"""The Parquet recipes of docs/parquet.md (the README links there), run as they stand against a
+study the CLI generates."""
 
 from __future__ import annotations
 
@@ -15,11 +16,12 @@ from study.parquet import beats_chance
 from tests.study.conftest import REPO
 
 pytestmark = pytest.mark.slow
-README = (REPO / "README.md").read_text()
+RECIPES = REPO / "docs" / "parquet.md"
+TEXT = RECIPES.read_text()
 
 
 def _blocks(language: str) -> list[str]:
-    recipes = README.split("<!-- recipes -->", 1)[1].split("<!-- /recipes -->", 1)[0]
+    recipes = TEXT.split("<!-- recipes -->", 1)[1].split("<!-- /recipes -->", 1)[0]
     return re.findall(rf"```{language}\n(.*?)```", recipes, flags=re.S)
 
 
@@ -40,7 +42,7 @@ def test_the_pandas_recipes_answer_their_questions(in_results: pd.DataFrame) -> 
     trials = in_results
     acc = "test/halted_accuracy"
     ns: dict[str, Any] = {}
-    exec(compile(_blocks("python")[0], "README.md", "exec"), ns)
+    exec(compile(_blocks("python")[0], str(RECIPES), "exec"), ns)
 
     finished = trials["status"].isin(["completed", "early_stopped"])
     top = ns["top"]
