@@ -34,6 +34,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import ray
 from ray import tune
+from ray.train._internal.session import _TrainingResult
 from ray.tune import Callback, CLIReporter
 from ray.tune.experiment import Trial
 
@@ -55,6 +56,7 @@ from study.search import (
 )
 from study.spec import StudySpec
 from study.storage import (
+    CHECKPOINT_FILE,
     StudyPaths,
     is_shared,
     join,
@@ -660,6 +662,33 @@ def _optuna_searcher(search_alg: Any) -> DivergenceAwareOptunaSearch | None:
     return None
 
 
+def attach_reported_checkpoint(trial: Trial) -> bool:
+    """Give a restored trial the checkpoint its last saved report names, if Tune's saved state
+    lacks it; True if it did.
+
+    Tune registers a reported checkpoint only after a second round trip to the trial (its
+    ``save``), so a stop that lands in between (Ctrl-C just after a report) saves the report
+    without its checkpoint, and the resume would train the trial again from scratch, repeating
+    its reports (seen in tests/study/test_resume.py::test_ctrl_c_then_resume). The checkpoint is
+    whole: the trial writes it to the storage before it sends the report."""
+    name = (trial.last_result or {}).get("checkpoint_dir_name")
+    if not isinstance(name, str) or not name.startswith("checkpoint_"):
+        return False
+    latest = trial.checkpoint
+    if latest is not None and latest.path.rstrip("/").rsplit("/", 1)[-1] >= name:
+        return False  # Tune's own is that one or newer
+    storage = trial.storage
+    if storage is None:
+        return False
+    path = f"{storage.trial_fs_path}/{name}"
+    fs = storage.storage_filesystem
+    if fs.get_file_info(f"{path}/{CHECKPOINT_FILE}").type != pafs.FileType.File:
+        return False
+    checkpoint = tune.Checkpoint(path, filesystem=fs)
+    trial.on_checkpoint(_TrainingResult(checkpoint=checkpoint, metrics=dict(trial.last_result)))
+    return True
+
+
 def _replay(controller: Any, trials: list[Trial], spec: StudySpec, paths: StudyPaths) -> None:
     """Bring a restored experiment level with the study's records, before any trial starts.
 
@@ -685,6 +714,8 @@ def _replay(controller: Any, trials: list[Trial], spec: StudySpec, paths: StudyP
     for trial in trials:
         end = ends.get(trial.trial_id)
         if end is None:
+            if trial.status != Trial.TERMINATED and attach_reported_checkpoint(trial):
+                log.info("trial %s continues from the checkpoint of its last report", trial.trial_id)
             continue
         if end.outcome == "early_stopped" and isinstance(scheduler, PersistentASHA):
             scheduler.replay_stop(trial.trial_id)
@@ -838,11 +869,12 @@ def _fit(
                 search_alg=make_searcher(spec, paths, warm_start),
                 scheduler=make_scheduler(spec, paths),
                 num_samples=still_to_run,
-                # Not reuse_actors, though it halves the smoke study's CPU (13 s instead of 26: no
-                # torch import per trial): with it, Ctrl-C then resume repeated a report in 5 of 12
-                # runs of tests/study/test_resume.py::test_ctrl_c_then_resume (0 of 8 without): a
-                # trial running in a reused worker was saved without its first checkpoint.
-                reuse_actors=False,
+                # A trial's worker goes on to the next trial: no new process and torch import per
+                # trial (the smoke study's CPU halves, 13 s instead of 26). Ctrl-C then resume
+                # repeated a report with it (5 of 12 runs of test_ctrl_c_then_resume): a stop
+                # between a report and Tune's registering of its checkpoint, which a reused worker
+                # makes likelier; `attach_reported_checkpoint` mends that on resume.
+                reuse_actors=True,
             ),
             run_config=_run_config(spec, paths, verbose),
         )
