@@ -340,7 +340,9 @@ def main() -> None:
     server, storage = _moto(tmp) if args.s3 else (None, os.path.join(tmp, "results"))
     base = tune_overhead.run_worker("--worker", "metrics")
     reports = _reports(base, max(args.sizes), args.reports)
-    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR)
+    ray.init(
+        address="local", num_cpus=1, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR
+    )
     where = "S3 (moto server)" if args.s3 else "a local directory"
     print(
         f"driver cost per trial, {args.reports} reports a trial, {args.concurrent} live at once, "
