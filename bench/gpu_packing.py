@@ -62,6 +62,7 @@ from typing import Any
 import pandas as pd
 
 from study.spec import Dimension, StudySpec, load_spec, parse_spec, to_toml
+from study.storage import read_study_table
 
 SPEC = "parity"
 
@@ -137,8 +138,8 @@ def run_packing(k: int, args: argparse.Namespace, storage: str) -> dict[str, Any
     start = time.perf_counter()
     outcome = run_study(spec, address="local", verbose=0)  # Ray starts on the first packing only
     wall_s = time.perf_counter() - start
-    history = pd.read_parquet(outcome.paths.history_parquet)
-    trials = pd.read_parquet(outcome.paths.trials_parquet)
+    history = read_study_table(outcome.paths, "history").to_pandas()
+    trials = read_study_table(outcome.paths, "trials").to_pandas()
     if outcome.statuses != {"completed": k}:
         errors = "; ".join(str(e) for e in trials["error"].dropna())
         raise RuntimeError(f"packing {k}: trials ended {outcome.statuses}, not all completed: {errors}")

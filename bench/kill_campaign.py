@@ -51,7 +51,7 @@ sys.path.insert(0, str(REPO))
 
 from study.records import read_end_records  # noqa: E402
 from study.search import TUNE_ID_ATTR, optuna_storage  # noqa: E402
-from study.storage import StudyPaths, is_remote, read_table, resolve  # noqa: E402
+from study.storage import StudyPaths, is_remote, read_study_table, resolve  # noqa: E402
 
 ENDED = ("completed", "early_stopped", "diverged")
 MOMENTS = ("startup", "training", "trial-end", "state-save", "final-export")
@@ -221,16 +221,16 @@ def _pasted_command(log: Path) -> list[str] | None:
     return None
 
 
-def _read(uri: str) -> pd.DataFrame | None:
-    table = read_table(uri)
+def _read(paths: StudyPaths, kind: str) -> pd.DataFrame | None:
+    table = read_study_table(paths, kind)
     return None if table is None else table.to_pandas()
 
 
 def _snapshot(paths: StudyPaths, seen: dict[str, pd.DataFrame]) -> list[str]:
     """The Parquet must be readable; remember the history rows of every trial it shows ended."""
     try:
-        t = _read(paths.trials_parquet)
-        h = _read(paths.history_parquet)
+        t = _read(paths, "trials")
+        h = _read(paths, "history")
     except Exception as e:
         return [f"Parquet unreadable: {type(e).__name__}: {e}"]
     if t is None or h is None:
@@ -244,7 +244,7 @@ def _snapshot(paths: StudyPaths, seen: dict[str, pd.DataFrame]) -> list[str]:
 
 def _final_problems(c: Campaign, paths: StudyPaths, seen: dict[str, pd.DataFrame]) -> list[str]:
     problems: list[str] = []
-    t, h = _read(paths.trials_parquet), _read(paths.history_parquet)
+    t, h = _read(paths, "trials"), _read(paths, "history")
     if t is None or h is None:
         return ["no Parquet at the end"]
     if len(t) != c.num_samples:

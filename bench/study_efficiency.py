@@ -83,6 +83,7 @@ from typing import Any
 import pandas as pd
 
 from study.spec import StudySpec, load_spec, parse_spec, to_toml
+from study.storage import read_study_table
 
 BASE_SPEC = "parity"
 METRIC = "test/halted_accuracy"
@@ -218,8 +219,8 @@ def run_strategy(
     start = time.perf_counter()
     outcome = run_study(spec, address="local", verbose=0)  # Ray starts with the first study
     wall_s = time.perf_counter() - start
-    history = pd.read_parquet(outcome.paths.history_parquet)
-    trials = pd.read_parquet(outcome.paths.trials_parquet)
+    history = read_study_table(outcome.paths, "history").to_pandas()
+    trials = read_study_table(outcome.paths, "trials").to_pandas()
     if not outcome.finished:
         raise RuntimeError(f"{strategy}: the study did not finish: {outcome.statuses}")
     row = study_figures(strategy, history, trials, wall_s)

@@ -160,6 +160,7 @@ def tune_run(spec_text: str, name: str) -> dict[str, float]:
 
     from study.runner import run_study
     from study.spec import parse_spec
+    from study.storage import read_study_table
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # no "A new study created" line per run
     spec = parse_spec(spec_text, name)
@@ -175,8 +176,8 @@ def tune_run(spec_text: str, name: str) -> dict[str, float]:
         ray.shutdown()
     if outcome.statuses != {"completed": 1}:
         raise RuntimeError(f"the bench trial did not complete: {outcome.statuses}")
-    trials = pd.read_parquet(outcome.paths.trials_parquet)
-    history = pd.read_parquet(outcome.paths.history_parquet).sort_values("report")
+    trials = read_study_table(outcome.paths, "trials").to_pandas()
+    history = read_study_table(outcome.paths, "history").to_pandas().sort_values("report")
     trial = trials.iloc[0]
     row = summarise(int(trial["iteration"]), history.to_dict("records"), float(trial["wall_time_s"]))
     row["ray_init_s"] = ray_init_s

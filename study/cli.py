@@ -21,7 +21,7 @@ import pandas as pd
 
 from study.lease import LeaseHeld
 from study.spec import SpecError, StudySpec, check_name, list_specs, load_spec
-from study.storage import StudyPaths, list_studies, read_table
+from study.storage import StudyPaths, list_studies, read_study_table
 
 __all__ = ["build_parser", "main"]
 
@@ -216,7 +216,7 @@ def _trials(paths: StudyPaths) -> pd.DataFrame | None:
     """The study's trials table, an older schema's config nulls filled from the config's defaults."""
     from study.parquet import fill_config_defaults
 
-    table = read_table(paths.trials_parquet)
+    table = read_study_table(paths, "trials")
     return None if table is None else fill_config_defaults(table.to_pandas())
 
 
@@ -233,7 +233,7 @@ def _warm_start(name: str, storage: str, spec: StudySpec, top: int) -> list[dict
     from study.warmstart import warm_start_points
 
     earlier, paths = load_study_spec(name, storage)
-    table = read_table(paths.trials_parquet)
+    table = read_study_table(paths, "trials")
     if table is None:
         raise SpecError(
             f"--warm-start {name}: it has no Parquet yet under {storage}; run `{PROG} export {name}`"

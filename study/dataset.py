@@ -13,7 +13,9 @@ written. A study writes its table with exactly that schema (columns it lacks as 
 table brings new columns (an evaluation set no other study has, ``rot30/...``), it extends the
 schema file and adds the new columns, as nulls, to every other study's file, each under that
 study's lease (`study.lease.hold_lease`): a study whose lease is held (its driver is running)
-is left to add them at its own next write, which reads the schema file first.
+is left to add them at its own next write, which reads the schema file first. A study's folder
+holds its compacted file and one fragment per trial that ended since (`study.storage`): each
+file has the dataset's schema, and a widening widens every one of them.
 """
 
 from __future__ import annotations
@@ -25,7 +27,17 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from study.lease import LeaseHeld, hold_lease
-from study.storage import StudyPaths, join, read_bytes, read_table, resolve, write_bytes, write_parquet
+from study.storage import (
+    StudyPaths,
+    join,
+    read_bytes,
+    read_table,
+    resolve,
+    table_files,
+    to_uri,
+    write_bytes,
+    write_parquet,
+)
 
 __all__ = ["COMMON_METADATA", "conform", "dataset_schema", "write_study_table"]
 
@@ -51,9 +63,12 @@ def _union(schema: pa.Schema | None, table: pa.Table) -> pa.Schema:
 
 def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
     """``table`` with exactly ``schema``'s columns, in its order: a column it lacks is null."""
+    if table.schema.equals(schema, check_metadata=False):
+        return table
     columns = []
+    names = set(table.column_names)
     for f in schema:
-        if f.name in table.column_names:
+        if f.name in names:
             column = table.column(f.name)
             columns.append(column if column.type == f.type else column.cast(f.type, safe=False))
         else:
@@ -61,25 +76,30 @@ def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
     return pa.Table.from_arrays(columns, schema=pa.schema(list(schema)))
 
 
-def write_study_table(paths: StudyPaths, kind: str, table: pa.Table) -> None:
+def write_study_table(paths: StudyPaths, kind: str, table: pa.Table, file: str | None = None) -> None:
     """Write study ``paths.name``'s ``kind`` table (``trials`` or ``history``) atomically with the
-    dataset's schema, extending it (and widening every other idle study's file) when ``table``
-    has columns the dataset has not seen. The caller holds the study's own lease."""
+    dataset's schema, to ``file`` (default the study's compacted ``<kind>.parquet``; a trial's
+    fragment is `StudyPaths.fragment`), extending the schema (and widening every other file of
+    this study and of every other idle study) when ``table`` has columns the dataset has not
+    seen. The caller holds the study's own lease."""
     dataset = join(paths.root, kind)
+    target = file or _file(paths.root, kind, paths.name)
     current = dataset_schema(dataset)
     schema = _union(current, table)
     if current is not None and schema.names == current.names:  # the common case: nothing new
-        write_parquet(_file(paths.root, kind, paths.name), conform(table, schema))
+        write_parquet(target, conform(table, schema))
         return
     others = [name for name in _studies(dataset) if name != paths.name]
     if current is None:  # no schema file yet (studies written before schema 3): theirs count too
         for name in others:
-            if (older := read_table(_file(paths.root, kind, name))) is not None:
-                schema = _union(schema, older)
-    write_parquet(_file(paths.root, kind, paths.name), conform(table, schema))
+            for uri in table_files(StudyPaths(paths.root, name), kind):
+                if (older := read_table(uri)) is not None:
+                    schema = _union(schema, older)
+    write_parquet(target, conform(table, schema))
     sink = pa.BufferOutputStream()
     pq.write_metadata(schema, sink)
     write_bytes(join(dataset, COMMON_METADATA), sink.getvalue().to_pybytes())
+    _widen_files(paths, kind, schema, skip=target)  # this study's other files: its lease is held
     for name in others:
         _widen(StudyPaths(paths.root, name), kind, schema)
 
@@ -100,12 +120,30 @@ def _studies(dataset: str) -> list[str]:
     return sorted(names)
 
 
+def _widen_files(paths: StudyPaths, kind: str, schema: pa.Schema, skip: str | None = None) -> None:
+    """Give each file of the study's ``kind`` folder the dataset's columns (its values unchanged)."""
+    fs, _ = resolve(paths.root)
+    skipped = resolve(skip)[1] if skip else None
+    for path in table_files(paths, kind):
+        if path == skipped:
+            continue
+        with fs.open_input_stream(path) as f:
+            table = pq.read_table(pa.BufferReader(f.readall()))
+        if table.schema.names != schema.names:
+            # a column only it has (written meanwhile) stays: conforming never drops data
+            conformed = conform(table, _union(schema, table))
+            sink = pa.BufferOutputStream()
+            pq.write_table(conformed, sink)
+            write_bytes(_uri(paths.root, path), sink.getvalue().to_pybytes())
+
+
+def _uri(root: str, fs_path: str) -> str:
+    """A path inside the root's filesystem as a URI `resolve` takes back to it."""
+    return to_uri(root, fs_path)
+
+
 def _widen(other: StudyPaths, kind: str, schema: pa.Schema) -> None:
     """Give another study's file the dataset's columns (its own values unchanged), under its lease;
     skipped while its driver holds the lease: that driver conforms at its next write."""
-    uri = _file(other.root, kind, other.name)
     with contextlib.suppress(LeaseHeld), hold_lease(other, "export"):
-        table = read_table(uri)
-        if table is not None and table.schema.names != schema.names:
-            # a column only it has (written meanwhile) stays: conforming never drops data
-            write_parquet(uri, conform(table, _union(schema, table)))
+        _widen_files(other, kind, schema)

@@ -1,4 +1,4 @@
-"""The Parquet contract (schema version 4): one table of trials, one of reports, per study.
+"""The Parquet contract (schema version 5): one table of trials, one of reports, per study.
 
 ``trials/study=<name>/trials.parquet`` has one row per trial:
 
@@ -21,6 +21,13 @@
 ``history/study=<name>/history.parquet`` has one row per trial per report: ``trial_id``,
 ``report`` (1, 2, ...), ``iteration``, ``outcome``, ``nan_events``, the timings, ``timestamp``
 (UTC), where it ran, every metric.
+
+Each study's folder (``trials/study=<name>/``, ``history/study=<name>/``) holds one compacted
+file (``trials.parquet``, ``history.parquet``: the trials final when the study last stopped or
+was exported) and one fragment per other trial (``trial-<id>.parquet``: each trial that ended
+since, written once when it ended, or one still running, pending or errored at the last export).
+Reading the folder (``pd.read_parquet("results/trials")``) gives every trial once. Version 5
+added the fragments (4 had one file per study, rewritten whole as each trial ended).
 
 Null: NaN, +-inf, and the objective's stand-in (`WORST`) in the objective's own columns; every
 other value is kept. Version 4 added ``<set>/best_step_accuracy`` and ``<set>/stable_accuracy``
@@ -68,7 +75,7 @@ __all__ = [
     "trials_table",
 ]
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 STATUSES = ("completed", "early_stopped", "diverged", "errored", "running", "pending")
 ENDED_WITH_RESULT = ("completed", "early_stopped")
 """The statuses of trials that ended with a result: those ranked, put on a Pareto front, evaluated."""

@@ -51,7 +51,7 @@ from study.importance import EVALUATOR, SEED, Importances, importances
 from study.parquet import fill_config_defaults, pareto_marks, ranked_trials
 from study.seeds import GAP, SEED_METRICS, seed_intervals
 from study.spec import NAME_PATTERN, SpecError, StudySpec, parse_spec
-from study.storage import StudyPaths, is_remote, join, read_bytes, read_json, read_table, write_bytes
+from study.storage import StudyPaths, is_remote, join, read_bytes, read_json, read_study_table, write_bytes
 
 __all__ = [
     "PLOTS",
@@ -247,14 +247,14 @@ def _load(name: str, storage: str) -> _Study:
         spec = parse_spec(source.decode(), name, origin=paths.spec)
     except (SpecError, UnicodeDecodeError) as exc:
         raise ReportError(f"study {name!r}: its saved spec does not read: {exc}") from exc
-    table = read_table(paths.trials_parquet)
+    table = read_study_table(paths, "trials")
     if table is None:
         raise ReportError(
             f"study {name!r} under {storage} has no trials Parquet yet: wait for a trial to end, "
             f"or write it from the Tune experiment with `ponder-study export {name}{flag}`"
         )
     trials = fill_config_defaults(table.to_pandas())  # a schema-2 study's nulls too
-    history_table = read_table(paths.history_parquet)
+    history_table = read_study_table(paths, "history")
     history = None if history_table is None else history_table.to_pandas()
     set_name = spec.metric.partition("/")[0]
     if set_name == "train" or f"{set_name}/halted_accuracy" not in trials.columns:

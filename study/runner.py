@@ -30,18 +30,19 @@ from typing import Any
 
 import optuna
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.fs as pafs
-import pyarrow.parquet as pq
 import ray
 from ray import tune
 from ray.train._internal.session import _TrainingResult
 from ray.tune import Callback, CLIReporter
 from ray.tune.experiment import Trial
+from ray.tune.search import ConcurrencyLimiter
 
 from study.dataset import write_study_table
 from study.launch import crash_handler_back_for_ray_processes, raise_a_swallowed_stop
 from study.lease import hold_lease
-from study.parquet import TrialRecord, history_table, parse_result_lines, trials_table
+from study.parquet import TrialRecord, history_table, pareto_marks, parse_result_lines, trials_table
 from study.processes import descendants
 from study.processes import stop as stop_processes
 from study.records import EndRecord, StudyError, load_study_spec, read_end_records
@@ -57,18 +58,32 @@ from study.search import (
 from study.spec import StudySpec
 from study.storage import (
     CHECKPOINT_FILE,
+    FRAGMENT_PREFIX,
     StudyPaths,
     is_shared,
     join,
     read_bytes,
+    read_study_table,
+    read_table,
     resolve,
+    table_files,
     to_uri,
     trial_reports,
     write_bytes,
 )
 from study.trainable import fault_iteration, train_trial
 
-__all__ = ["ParquetCallback", "StudyError", "StudyOutcome", "export", "resume_study", "run_study"]
+__all__ = [
+    "LiveParquet",
+    "ParquetCallback",
+    "StudyError",
+    "StudyOutcome",
+    "export",
+    "merge_started_trials",
+    "resume_study",
+    "run_study",
+    "write_tables",
+]
 
 log = logging.getLogger("ponder-study")
 
@@ -119,11 +134,11 @@ def _exported_history(paths: StudyPaths) -> dict[str, list[dict[str, Any]]]:
     """Reports already in the study's history Parquet, by trial. A driver killed between two of
     Tune's copies to storage loses the last reports from ``result.json``; the Parquet written
     when those trials ended still has them, so every export starts from it."""
-    data = read_bytes(paths.history_parquet)
-    if data is None:
+    table = read_study_table(paths, "history")
+    if table is None:
         return {}
     rows: dict[str, list[dict[str, Any]]] = {}
-    for row in pq.read_table(pa.BufferReader(data)).to_pylist():
+    for row in table.to_pylist():
         rows.setdefault(row["trial_id"], []).append({k: v for k, v in row.items() if v is not None})
     return rows
 
@@ -190,10 +205,18 @@ class ExportCache:
     records: dict[str, TrialRecord] = field(default_factory=dict)
 
 
+FINAL = ("completed", "early_stopped", "diverged")
+"""The statuses of a trial whose rows no longer change: the compacted files hold only these."""
+
+
 def write_tables(
     paths: StudyPaths, spec: StudySpec, trials: Sequence[Trial], cache: ExportCache | None = None
 ) -> list[TrialRecord]:
-    """Rewrite the study's two Parquet files from Tune's trials (atomically)."""
+    """Rewrite the study's Parquet from Tune's trials and the study's records, compacted: the
+    trials that ended for good (`FINAL`) in one file per table, every other trial (running,
+    pending, errored: its rows may still change) in its own fragment; then the fragments of the
+    trials now in the compacted files go. Each file is written atomically. What ``export`` and
+    the end of a run do: its cost grows with the study, unlike `LiveParquet`'s per trial."""
     cache = cache or ExportCache()
     ends = read_end_records(paths)
     if cache.exported is None:
@@ -210,11 +233,119 @@ def write_tables(
     for trial_id in sorted(set(ends) - known):  # ended, but not (yet) in Tune's state: never lost
         records.append(_record_from_end(paths, ends[trial_id], cache.exported.get(trial_id, [])))
     table = trials_table(records, spec.metric, spec.mode, spec.front_objectives, spec.objectives)
-    # history first: a driver killed between the two writes leaves every trial the trials file
-    # shows (an ended one included) with its reports in history, never the other way round
-    write_study_table(paths, "history", history_table(records, spec.objectives))
-    write_study_table(paths, "trials", table)  # both with their dataset's one schema
+    history = history_table(records, spec.objectives)
+    final = [r.trial_id for r in records if r.ended and r.status() in FINAL]
+    rest = [r.trial_id for r in records if r.trial_id not in set(final)]
+    # history first: a driver killed between the writes leaves every trial the trials files
+    # show (an ended one included) with its reports in history, never the other way round
+    for kind, t in (("history", history), ("trials", table)):
+        ids = t.column("trial_id")
+        write_study_table(paths, kind, t.filter(pc.is_in(ids, pa.array(final, pa.string()))))
+        for trial_id in rest:
+            part = t.filter(pc.equal(ids, trial_id))
+            write_study_table(paths, kind, part, file=paths.fragment(kind, trial_id))
+    for kind in ("trials", "history"):  # the trials' rows are in the compacted files now
+        _drop_fragments(paths, kind, set(final))
     return records
+
+
+def _drop_fragments(paths: StudyPaths, kind: str, trial_ids: set[str]) -> None:
+    fs, _ = resolve(paths.root)
+    for path in table_files(paths, kind):
+        base = path.rsplit("/", 1)[-1]
+        if base.startswith(FRAGMENT_PREFIX) and base[len(FRAGMENT_PREFIX) : -len(".parquet")] in trial_ids:
+            fs.delete_file(path)
+
+
+def _end_record(paths: StudyPaths, trial_id: str) -> EndRecord | None:
+    """One trial's end record (the whole ledger is `read_end_records`, which reads them all)."""
+    data = read_bytes(paths.end_record(trial_id))
+    try:
+        return EndRecord.from_json(data) if data is not None else None
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+class LiveParquet:
+    """The study's Parquet while it runs, at a cost per trial that does not grow with the study.
+
+    An ended trial's rows are final: they are built from its own files once, when it ends, and
+    written as its fragment of each table (`StudyPaths.fragment`), history first; nothing else is
+    rewritten, except the ``pareto`` mark of a trial the new one pushes off the front (the front
+    is kept here: a trial off it stays off when another is added). What is read once per driver:
+    the study's history and Pareto front as the Parquet holds them. The end of the run compacts
+    (`write_tables`)."""
+
+    def __init__(self, paths: StudyPaths, spec: StudySpec) -> None:
+        self.paths, self.spec = paths, spec
+        self.exported: dict[str, list[dict[str, Any]]] | None = None
+        self.front: dict[str, dict[str, Any]] = {}  # trial id -> its row, for the trials on it
+        self.rows: dict[str, pa.Table] = {}  # trial id -> the trials row written this session
+
+    def _load(self) -> None:
+        self.exported = _exported_history(self.paths)
+        table = read_study_table(self.paths, "trials")
+        if table is not None and "pareto" in table.column_names:
+            on = table.filter(pc.fill_null(table.column("pareto"), False))
+            self.front = {row["trial_id"]: row for row in on.to_pylist()}
+
+    def trial_ended(self, trial: Trial) -> None:
+        """Write the trial's fragments (an errored trial's too: a resume may end it again)."""
+        if self.exported is None:
+            self._load()
+        assert self.exported is not None
+        paths, spec = self.paths, self.spec
+        rec = _record(trial, paths, _end_record(paths, trial.trial_id), self.exported.get(trial.trial_id, []))
+        history = history_table([rec], spec.objectives)
+        row = trials_table([rec], spec.metric, spec.mode, spec.front_objectives, spec.objectives)
+        changed = self._front_with(trial.trial_id, row.drop_columns(_list_columns(row)).to_pylist()[0])
+        row = _with_pareto(row, changed.pop(trial.trial_id, False))
+        write_study_table(paths, "history", history, file=paths.fragment("history", trial.trial_id))
+        write_study_table(paths, "trials", row, file=paths.fragment("trials", trial.trial_id))
+        self.rows[trial.trial_id] = row
+        for trial_id, mark in changed.items():
+            self._mark(trial_id, mark)
+
+    def _front_with(self, trial_id: str, row: dict[str, Any]) -> dict[str, bool]:
+        """Add a trial's row to the front; the marks that change (the new trial's always)."""
+        objectives = self.spec.front_objectives
+        candidates = {**{k: v for k, v in self.front.items() if k != trial_id}, trial_id: row}
+        ids = list(candidates)
+        marks = pareto_marks([candidates[i] for i in ids], objectives) if objectives else [False] * len(ids)
+        front = {i: candidates[i] for i, on in zip(ids, marks, strict=True) if on}
+        changed = {i: False for i in self.front if i not in front}
+        changed[trial_id] = trial_id in front
+        self.front = front
+        return changed
+
+    def _mark(self, trial_id: str, on: bool) -> None:
+        """Rewrite one trial's ``pareto`` mark where its row is: its fragment, or (a trial of an
+        earlier driver, now compacted) the compacted file."""
+        paths = self.paths
+        table = self.rows.get(trial_id)
+        if table is None:
+            table = read_table(paths.fragment("trials", trial_id))
+        if table is not None:
+            table = _with_pareto(table, on)
+            write_study_table(paths, "trials", table, file=paths.fragment("trials", trial_id))
+            self.rows[trial_id] = table
+            return
+        compacted = read_table(paths.trials_parquet)
+        if compacted is None or "pareto" not in compacted.column_names:
+            return
+        ids = compacted.column("trial_id")
+        index = compacted.schema.get_field_index("pareto")
+        marks = pc.if_else(pc.equal(ids, trial_id), pa.scalar(on), compacted.column("pareto"))
+        write_study_table(paths, "trials", compacted.set_column(index, "pareto", marks))
+
+
+def _list_columns(table: pa.Table) -> list[str]:
+    return [f.name for f in table.schema if pa.types.is_list(f.type)]
+
+
+def _with_pareto(table: pa.Table, on: bool) -> pa.Table:
+    index = table.schema.get_field_index("pareto")
+    return table.set_column(index, table.schema.field(index), pa.array([on] * table.num_rows, pa.bool_()))
 
 
 EMPTIED_NOTE = "EMPTIED.txt"
@@ -258,7 +389,7 @@ def _empty_superseded_checkpoints(trial: Trial, keep: str) -> None:
 
 
 class ParquetCallback(Callback):
-    """Refreshes the study's Parquet as trials end, frees an ended trial's superseded
+    """Writes each trial's Parquet rows as it ends (`LiveParquet`), frees an ended trial's superseded
     checkpoints, and keeps a retried trial's reports. The trial's end record was written before
     (by the scheduler, which Tune tells of an end first), so a kill at any point here loses
     nothing that a resume or ``export`` does not rebuild."""
@@ -266,20 +397,24 @@ class ParquetCallback(Callback):
     def __init__(self, paths: StudyPaths, spec: StudySpec) -> None:
         self.paths = paths
         self.spec = spec
-        self._cache: ExportCache | None = None
+        self._live: LiveParquet | None = None
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_cache": None}  # Tune pickles callbacks; the cache is rebuilt
+        return {**self.__dict__, "_live": None}  # Tune pickles callbacks; the cache is rebuilt
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        state.pop("_cache", None)  # pickled by a driver before issue 15
+        self.__dict__.update({"_live": None, **state})
 
     def rebind(self, paths: StudyPaths, spec: StudySpec) -> None:
         """Write where the study is now (Tune restores callbacks with the first run's paths)."""
-        self.paths, self.spec, self._cache = paths, spec, None
+        self.paths, self.spec, self._live = paths, spec, None
 
-    def _write(self, trials: list[Trial]) -> None:
-        if self._cache is None:
-            self._cache = ExportCache()
+    def _write(self, trial: Trial) -> None:
+        if self._live is None:
+            self._live = LiveParquet(self.paths, self.spec)
         try:
-            write_tables(self.paths, self.spec, trials, self._cache)
+            self._live.trial_ended(trial)
         except Exception as e:  # an export problem must not end the study; `export` can redo it
             log.error("could not write the study's Parquet (%s); `ponder-study export` will retry", e)
             log.debug("the Parquet write failed", exc_info=True)
@@ -289,10 +424,10 @@ class ParquetCallback(Callback):
         checkpoint = trial.checkpoint if has_directory(trial) else None
         if checkpoint is not None:
             _empty_superseded_checkpoints(trial, keep=checkpoint.path)
-        self._write(trials)
+        self._write(trial)
 
     def on_trial_error(self, iteration: int, trials: list[Trial], trial: Trial, **info: Any) -> None:
-        self._write(trials)
+        self._write(trial)
 
     def on_trial_recover(self, iteration: int, trials: list[Trial], trial: Trial, **info: Any) -> None:
         _push_reports_before_retry(trial)
@@ -576,6 +711,8 @@ def resume_study(
             write_bytes(paths.spec, spec.source.encode())  # the stored spec holds the new total
         # after `_restorable`, which may set a torn tuner.pkl aside: Tune restores only with one
         restore = _restorable(paths) and tune.Tuner.can_restore(paths.experiment)
+        if restore:
+            merge_started_trials(paths)
         return _fit(spec, paths, address, verbose, restore=restore)
 
 
@@ -649,6 +786,48 @@ def _restorable(paths: StudyPaths) -> bool:
             "trials kept from their records"
         )
     return False
+
+
+def merge_started_trials(paths: StudyPaths) -> int:
+    """Add to Tune's newest saved state every trial it lacks that has a started record
+    (`study.scheduler.record_started`): Tune saves its whole state every few seconds, the
+    scheduler one small record per trial before it starts, so after a kill these hold the
+    trials that started since Tune's last save. Returns how many were added. Run after
+    `_restorable` (which sets torn states aside), before Tune restores."""
+    fs, directory = resolve(paths.experiment)
+    selector = pafs.FileSelector(directory, allow_not_found=True)
+    states = sorted(
+        (
+            i.path
+            for i in fs.get_file_info(selector)
+            if i.type == pafs.FileType.File
+            and i.base_name.startswith("experiment_state-")
+            and i.base_name.endswith(".json")
+        ),
+        reverse=True,
+    )
+    records_fs, started = resolve(paths.started_dir)
+    infos = records_fs.get_file_info(pafs.FileSelector(started, allow_not_found=True))
+    names = [i.path for i in infos if i.type == pafs.FileType.File and i.base_name.endswith(".json")]
+    if not states or not names:
+        return 0
+    with fs.open_input_stream(states[0]) as f:
+        state = json.loads(f.readall())
+    known = {json.loads(trial_json).get("trial_id") for trial_json, _ in state["trial_data"]}
+    added = 0
+    for name in sorted(names):
+        with records_fs.open_input_stream(name) as f:
+            try:
+                record = json.loads(f.readall())
+            except ValueError:  # written whole or not at all (create-if-absent); skip a stranger
+                continue
+        if record.get("trial_id") not in known:
+            state["trial_data"].append(record["trial_data"])
+            added += 1
+    if added:
+        write_bytes(join(paths.experiment, states[0].rsplit("/", 1)[-1]), json.dumps(state).encode())
+        log.info("%d trials started after Tune's last save: added from their started records", added)
+    return added
 
 
 def _optuna_searcher(search_alg: Any) -> DivergenceAwareOptunaSearch | None:
@@ -727,6 +906,12 @@ def _replay(controller: Any, trials: list[Trial], spec: StudySpec, paths: StudyP
         # the concurrency limiter still counts it live; the searcher skips an end it was told
         controller._search_alg.on_trial_complete(trial.trial_id, result=dict(end.last_result))
     search_alg = controller._search_alg
+    limiter = getattr(search_alg, "searcher", None)
+    if isinstance(limiter, ConcurrencyLimiter):  # a trial added from its started record is live
+        for trial in trials:
+            live = trial.status in (Trial.PENDING, Trial.RUNNING, Trial.PAUSED)
+            if live and trial.trial_id not in ends:
+                limiter.live_trials.add(trial.trial_id)
     experiment = getattr(search_alg, "_experiment", None)
     if experiment is not None and getattr(controller, "_storage", None) is not None:
         # the searcher's saved experiment creates new trials with the first run's storage: a

@@ -17,23 +17,28 @@ start:
 
 - the end of a trial is written first of all, as its end record (`study.records`), after its
   reports are saved;
-- Tune saves its experiment state before any trial it has not saved yet can start.
+- before any trial Tune has not saved can start, its state as Tune would save it is written to
+  the study (``studies/<name>/started/<trial_id>.json``, one small file per trial): a resume adds
+  the trials Tune's saved state lacks from these (`study.runner.merge_started_trials`). Tune's
+  own whole save (every trial, the searcher) is forced once per driver, before its first trial
+  starts, not before each: its cost grows with the study (bench/driver_scale.py).
 """
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING, Any
 
 from ray.tune.experiment import Trial
 from ray.tune.schedulers import AsyncHyperBandScheduler, FIFOScheduler, TrialScheduler
 
 from study.records import EndRecord, relative_to_root, write_end_record
-from study.storage import StudyPaths, read_json, save_reports, write_json
+from study.storage import StudyPaths, create_bytes, read_json, save_reports, write_json
 
 if TYPE_CHECKING:
     from ray.tune.execution.tune_controller import TuneController
 
-__all__ = ["PersistentASHA", "SnapshotBeforeStart", "stopped_trials"]
+__all__ = ["PersistentASHA", "SnapshotBeforeStart", "record_started", "stopped_trials"]
 
 STATE_VERSION = 1
 
@@ -59,17 +64,30 @@ def _outcome(trial: Trial, result: dict[str, Any] | None, stopped: bool) -> str:
     return "diverged" if last.get("outcome") == "diverged" else "completed"
 
 
+def record_started(paths: StudyPaths, trial: Trial) -> None:
+    """Write the trial's state as Tune saves it in its experiment state (the pair of its JSON
+    state and its run metadata), create-if-absent: the first, taken before it ever started, is
+    the one a resume needs (Tune's restore starts it again from its saved checkpoint, if any)."""
+    state, metadata = trial.get_json_state()
+    create_bytes(
+        paths.started_record(trial.trial_id),
+        json.dumps({"trial_id": trial.trial_id, "trial_data": [state, metadata]}).encode(),
+    )
+
+
 class SnapshotBeforeStart(FIFOScheduler):
     """Tune's first-in-first-out scheduler that writes each trial's end record the moment it ends
-    and has Tune save its experiment state before any trial it has not saved can start: as it
-    is, the scheduler of a study without early stopping.
+    and, before any trial Tune's saved state lacks can start, that trial's own state as Tune
+    saves it (its started record): as it is, the scheduler of a study without early stopping.
 
-    Tune saves that state (the trials it knows, the searcher's) every 10 s or more. A trial
-    created and ended between two saves (a short trial, an early stop) would be unknown to a
-    resume after a SIGKILL, which would ask Optuna for a new trial in its place. Tune starts
-    trials in two ways each step, the one this scheduler chooses and then every other pending
-    one, both after the searcher added new trials; so the save runs here whenever Tune holds a
-    trial its saved state lacks, before either can start.
+    Tune saves its state (the trials it knows, the searcher's) every 10 s or more. A trial
+    created between two saves would be unknown to a resume after a SIGKILL, which would ask
+    Optuna for a new trial in its place. Tune starts trials in two ways each step, the one this
+    scheduler chooses and then every other pending one, both after the searcher added new
+    trials; so the records are written here whenever Tune holds a trial not yet recorded,
+    before either can start. The first time in a driver, Tune's whole state is saved instead
+    (so that a resume has a state to add the started records to); after that, one small file per
+    new trial, whatever the study's size.
     """
 
     def __init__(self, *args: Any, paths: StudyPaths | None = None, **kwargs: Any) -> None:
@@ -86,9 +104,13 @@ class SnapshotBeforeStart(FIFOScheduler):
         # `checkpoint` is the controller's own save, forced past its period and awaited.
         controller = getattr(tune_controller, "_tune_controller", tune_controller)
         trials = controller.get_trials()
-        if any(t.trial_id not in self._saved_trials for t in trials):
+        new = [t for t in trials if t.trial_id not in self._saved_trials]
+        if new and self.paths is not None:
+            for trial in new:
+                record_started(self.paths, trial)
+        if new and not self._saved_trials:  # the driver's first: Tune's whole state, once
             controller.checkpoint(force=True, wait=True)
-            self._saved_trials.update(t.trial_id for t in trials)
+        self._saved_trials.update(t.trial_id for t in new)
         return super().choose_trial_to_run(tune_controller)
 
     def on_trial_complete(

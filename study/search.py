@@ -167,6 +167,9 @@ class DivergenceAwareOptunaSearch(OptunaSearch):
                 self._completed_trials.add(tune_id)
             elif tune_id not in known:
                 self._orphans.append(frozen.number)
+            elif tune_id not in self._ot_trials:  # restored from its started record (`_replay`):
+                # the searcher's saved state, older, lacks it; its Optuna trial is this one
+                self._ot_trials[tune_id] = optuna.trial.Trial(self._ot_study, frozen._trial_id)
 
     def _tell(self, number: int, result: Mapping[str, Any], failed: bool) -> None:
         assert self._ot_study is not None

@@ -13,8 +13,12 @@ A study named N under the storage root R::
     R/studies/N/lease.json         who runs the study now (host, pid, since when), `study.lease`
     R/studies/N/reports/T.jsonl    trial T's reports, saved before a ledger records T's end
                                    (Tune's copy of them lags, and a resume can empty it)
-    R/trials/study=N/trials.parquet    one row per trial
-    R/history/study=N/history.parquet  one row per trial per report
+    R/studies/N/started/T.json     Tune's state of trial T, written before T starts (a resume
+                                   adds it to Tune's saved state if that lags)
+    R/trials/study=N/trials.parquet    one row per trial (those final when the study was compacted)
+    R/trials/study=N/trial-T.parquet   trial T's row, written once when T ended after that
+    R/history/study=N/history.parquet  one row per trial per report, as trials.parquet
+    R/history/study=N/trial-T.parquet  trial T's reports, as trial-T.parquet above
 
 Every file here is replaced atomically: a reader sees the old version or the new one.
 
@@ -36,11 +40,13 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 __all__ = [
     "CHECKPOINT_FILE",
+    "FRAGMENT_PREFIX",
     "JOURNAL_CACHE_ENV",
     "StorageError",
     "StudyPaths",
@@ -54,9 +60,11 @@ __all__ = [
     "list_studies",
     "read_bytes",
     "read_json",
+    "read_study_table",
     "read_table",
     "resolve",
     "save_reports",
+    "table_files",
     "to_uri",
     "trial_reports",
     "write_bytes",
@@ -267,6 +275,23 @@ class StudyPaths:
     def history_parquet(self) -> str:
         return join(self.root, "history", f"study={self.name}", "history.parquet")
 
+    def table_dir(self, kind: str) -> str:
+        """The study's folder of the ``trials`` or ``history`` dataset: its compacted file
+        (``<kind>.parquet``) and one fragment per trial not in it (``trial-<id>.parquet``)."""
+        return join(self.root, kind, f"study={self.name}")
+
+    def fragment(self, kind: str, trial_id: str) -> str:
+        """One trial's rows of the ``trials`` or ``history`` dataset, written when it ends."""
+        return join(self.table_dir(kind), f"{FRAGMENT_PREFIX}{trial_id}.parquet")
+
+    @property
+    def started_dir(self) -> str:
+        """``<trial_id>.json``: Tune's own saved state of each trial, written before it starts."""
+        return join(self.study_dir, "started")
+
+    def started_record(self, trial_id: str) -> str:
+        return join(self.study_dir, "started", f"{trial_id}.json")
+
     def exists(self) -> bool:
         """Whether a study of this name was started here (its spec was saved)."""
         return read_bytes(self.spec) is not None
@@ -280,6 +305,47 @@ def read_bytes(uri: str) -> bytes | None:
     with fs.open_input_stream(path) as f:
         data: bytes = f.readall()
     return data
+
+
+FRAGMENT_PREFIX = "trial-"
+"""A per-trial file of a study's ``trials`` or ``history`` folder (`StudyPaths.fragment`)."""
+
+
+def table_files(paths: StudyPaths, kind: str) -> list[str]:
+    """The Parquet files of the study's ``kind`` folder (readers skip names starting ``.``/``_``)."""
+    fs, directory = resolve(paths.table_dir(kind))
+    infos = fs.get_file_info(pafs.FileSelector(directory, allow_not_found=True))
+    return sorted(
+        i.path
+        for i in infos
+        if i.type == pafs.FileType.File and i.base_name.endswith(".parquet") and i.base_name[0] not in "._"
+    )
+
+
+def read_study_table(paths: StudyPaths, kind: str) -> pa.Table | None:
+    """The study's whole ``trials`` or ``history`` table (None when it has none yet): its
+    compacted file and its per-trial fragments. A trial with a fragment is taken from it (a
+    driver killed while compacting leaves both for a moment; the fragment is the newer)."""
+    fs, _ = resolve(paths.root)
+    tables: list[pa.Table] = []
+    fragment_ids: set[str] = set()
+    compacted: pa.Table | None = None
+    for path in table_files(paths, kind):
+        with fs.open_input_stream(path) as f:  # read whole in one go (see read_table)
+            table = pq.read_table(pa.BufferReader(f.readall()))
+        if path.rsplit("/", 1)[-1].startswith(FRAGMENT_PREFIX):
+            fragment_ids.update(table.column("trial_id").to_pylist())
+            tables.append(table)
+        else:
+            compacted = table
+    if compacted is not None:
+        if fragment_ids:
+            keep = pc.invert(pc.is_in(compacted.column("trial_id"), pa.array(sorted(fragment_ids))))
+            compacted = compacted.filter(keep)
+        tables.insert(0, compacted)
+    if not tables:
+        return None
+    return pa.concat_tables(tables, promote_options="permissive")
 
 
 def read_table(uri: str) -> pa.Table | None:

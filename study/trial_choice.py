@@ -13,7 +13,7 @@ import pandas as pd
 
 from study.parquet import ENDED_WITH_RESULT, ranked_trials
 from study.spec import SpecError, parse_spec
-from study.storage import StudyPaths, list_studies, read_bytes, read_table
+from study.storage import StudyPaths, list_studies, read_bytes, read_study_table
 
 __all__ = ["ChosenTrial", "EvaluateError", "choose_trial"]
 
@@ -50,7 +50,7 @@ def _trial_rows(paths: StudyPaths) -> list[dict[str, Any]]:
         raise EvaluateError(
             f"no study named {paths.name!r} under {paths.root!r}; {known} (pass --storage for another root)"
         )
-    table = read_table(paths.trials_parquet)
+    table = read_study_table(paths, "trials")
     if table is None:
         raise EvaluateError(
             f"study {paths.name!r} has no trials Parquet yet ({paths.trials_parquet}); wait for a trial to "

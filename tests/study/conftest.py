@@ -19,7 +19,7 @@ import pandas as pd
 import pyarrow.fs as pafs
 import pytest
 
-from study.storage import StudyPaths, read_table
+from study.storage import StudyPaths, read_study_table, read_table
 
 CLI = [sys.executable, "-m", "study"]
 REPO = Path(__file__).resolve().parents[2]
@@ -228,7 +228,8 @@ def finished(storage: Path, name: str, at_least: int) -> Callable[[], bool]:
     """True once the study's Parquet shows ``at_least`` trials that ended."""
 
     def check() -> bool:
-        df = read_live(str(storage / "trials" / f"study={name}" / "trials.parquet"))
+        table = read_study_table(StudyPaths(str(storage), name), "trials")  # its fragments too
+        df = None if table is None else table.to_pandas()
         if df is None:
             return False
         return int(df["status"].isin(["completed", "early_stopped", "diverged"]).sum()) >= at_least

@@ -23,7 +23,8 @@ import pytest
 
 from study.runner import EMPTIED_NOTE
 from study.spec import load_spec
-from tests.study.conftest import S3, Driver, cli, read_live
+from study.storage import StudyPaths, read_study_table
+from tests.study.conftest import S3, Driver, cli
 
 # one test process holds the cluster for the module (`make test` spreads the rest over processes)
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("cluster")]
@@ -150,8 +151,8 @@ def test_an_interrupted_cluster_study_resumes_from_s3_on_another_machine(
     )  # fmt: skip
 
     def one_ended() -> bool:  # read whole: the running study rewrites the file
-        df = read_live(f"{storage}/trials/study=again/trials.parquet")
-        return df is not None and bool((df["status"] == "completed").any())
+        table = read_study_table(StudyPaths(storage, "again"), "trials")  # its fragments too
+        return table is not None and "completed" in table.column("status").to_pylist()
 
     try:
         run.wait_until(one_ended, timeout=240)
