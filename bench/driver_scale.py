@@ -19,7 +19,7 @@ study (its cost per trial at that size), and the study's total driver time when 
 timed. ``--fast-prefix`` runs the first N - window trials without the Parquet refresh and the
 forced state save (then writes the Parquet once): what made the code before issue 15 quadratic,
 and so the only way to measure it at N = 2000. ``--s3`` puts the study on moto's S3 server.
-Then the README's Parquet recipes (pandas) over the 2,000-trial study, timed. The last line:
+Then the Parquet recipes of docs/parquet.md (pandas) over the 2,000-trial study, timed. The last line:
 ``growth <cost per trial at the largest N / cost per trial at the smallest>``.
 
     .venv/bin/python bench/driver_scale.py [--sizes 100 500 2000] [--s3] [--fast-prefix] [--quick]
@@ -269,8 +269,9 @@ def run_study(
 
 
 def recipes(root: str) -> tuple[float, float]:
-    """The README's pandas recipes run over ``root`` as ``results/``: (first, median of 3) seconds."""
-    readme = (REPO / "README.md").read_text()
+    """The Parquet recipes (docs/parquet.md, where the README links) run over ``root`` as
+    ``results/``: (first, median of 3) seconds."""
+    readme = (REPO / "docs" / "parquet.md").read_text()
     block = readme.split("<!-- recipes -->", 1)[1].split("<!-- /recipes -->", 1)[0]
     code = re.findall(r"```python\n(.*?)```", block, flags=re.S)[0]
     here = os.getcwd()
@@ -281,7 +282,7 @@ def recipes(root: str) -> tuple[float, float]:
             times = []
             for _ in range(3):
                 t0 = time.perf_counter()
-                exec(compile(code, "README.md", "exec"), {})
+                exec(compile(code, "docs/parquet.md", "exec"), {})
                 times.append(time.perf_counter() - t0)
         finally:
             os.chdir(here)
@@ -322,7 +323,7 @@ def main() -> None:
     )
     parser.add_argument("--s3", action="store_true", help="store the studies on moto's S3 server")
     parser.add_argument("--fast-prefix", action="store_true", help="time only the last --window trials")
-    parser.add_argument("--no-recipes", action="store_true", help="skip the README recipes' timing")
+    parser.add_argument("--no-recipes", action="store_true", help="skip the Parquet recipes' timing")
     parser.add_argument("--quick", action="store_true", help="sizes 20 60, a smoke check")
     args = parser.parse_args()
     if args.quick:
@@ -363,7 +364,8 @@ def main() -> None:
         if not args.s3 and not args.no_recipes:
             first, median = recipes(storage)
             print(
-                f"README pandas recipes over results/ ({sum(args.sizes)} trials, {len(args.sizes)} studies): "
+                "Parquet recipes (docs/parquet.md, pandas) over results/ "
+                f"({sum(args.sizes)} trials, {len(args.sizes)} studies): "
                 f"first {first:.3f} s, median of 3 {median:.3f} s (target <= 1 s)"
             )
     finally:
