@@ -25,6 +25,7 @@ from typing import Any, TextIO
 import pandas as pd
 import pyarrow.fs as pafs
 
+from study.asha_state import read_state
 from study.records import OUTCOMES, read_end_records
 from study.spec import StudySpec
 from study.storage import StudyPaths, read_bytes, read_json, resolve
@@ -109,7 +110,7 @@ def live_trials(paths: StudyPaths) -> list[LiveTrial]:
 
 def _milestones(spec: StudySpec, paths: StudyPaths) -> list[float]:
     """ASHA's rungs in training iterations: from ``asha.json`` once written, else from the spec."""
-    saved = read_json(paths.asha)
+    saved = read_state(paths.asha) or {}
     try:
         rungs = sorted({float(m) for bracket in saved["brackets"] for m, _ in bracket})
         if rungs:

@@ -23,6 +23,7 @@ from typing import Any
 
 import pyarrow.fs as pafs
 
+from study.asha_state import read_state
 from study.parquet import parse_result_lines
 from study.spec import StudySpec, parse_spec
 from study.storage import StudyPaths, create_bytes, read_bytes, read_json, resolve, trial_reports
@@ -109,7 +110,7 @@ def has_ended(paths: StudyPaths, trial_id: str) -> bool:
     """Whether the trial ended for good: what the trainable checks before it trains."""
     if read_bytes(paths.end_record(trial_id)) is not None:
         return True
-    legacy_stopped = (read_json(paths.asha) or {}).get("stopped", [])
+    legacy_stopped = (read_state(paths.asha) or {}).get("stopped", [])
     return trial_id in (read_json(paths.ended) or {}) or trial_id in legacy_stopped
 
 
@@ -138,7 +139,7 @@ def read_end_records(paths: StudyPaths) -> dict[str, EndRecord]:
         records[rec.trial_id] = rec
     # studies started before end records: ended.json (trial id -> checkpoint) and ASHA's stops
     legacy = read_json(paths.ended) or {}
-    stopped = set((read_json(paths.asha) or {}).get("stopped", []))
+    stopped = set((read_state(paths.asha) or {}).get("stopped", []))
     for trial_id in set(legacy) | stopped:
         if trial_id in records:
             continue

@@ -47,11 +47,12 @@ from matplotlib.patches import Patch
 from ponder.config import CONFIGS
 from ponder.halting import PriorTail, log_geometric_prior
 from ponder.metrics import CHANCE
+from study.asha_state import read_state
 from study.importance import EVALUATOR, SEED, Importances, importances
 from study.parquet import fill_config_defaults, pareto_marks, ranked_trials
 from study.seeds import GAP, SEED_METRICS, seed_intervals
 from study.spec import NAME_PATTERN, SpecError, StudySpec, parse_spec
-from study.storage import StudyPaths, is_remote, join, read_bytes, read_json, read_study_table, write_bytes
+from study.storage import StudyPaths, is_remote, join, read_bytes, read_study_table, write_bytes
 
 __all__ = [
     "PLOTS",
@@ -259,7 +260,7 @@ def _load(name: str, storage: str) -> _Study:
     set_name = spec.metric.partition("/")[0]
     if set_name == "train" or f"{set_name}/halted_accuracy" not in trials.columns:
         set_name = "test"  # a study on a training loss: plot the test set's halting
-    return _Study(name, spec, paths, trials, history, read_json(paths.asha), set_name)
+    return _Study(name, spec, paths, trials, history, read_state(paths.asha), set_name)
 
 
 def _config_default(task: str, name: str) -> Any:

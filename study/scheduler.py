@@ -2,9 +2,9 @@
 
 Ray rebuilds the scheduler with empty rungs when a study is restored (ray#30838), so after a
 resume new trials would be judged against nothing and a trial ASHA had stopped could run on.
-`PersistentASHA` writes its rungs, its bracket assignments and the trials it stopped to
-``asha.json`` whenever they change, and reads them back when the restored study adds its
-trials. The trainable reads the same file: a trial ASHA stopped does not train again.
+`PersistentASHA` saves its rungs, its bracket assignments and the trials it stopped whenever they
+change (``asha.json`` and the changes appended since, `study.asha_state`), and reads them back
+when the restored study adds its trials.
 
 A stop is recorded once Tune has logged the report ASHA stopped the trial on, and after the
 trial's reports are saved (`on_trial_complete`), never before: a resume never trains a stopped
@@ -32,20 +32,19 @@ from typing import TYPE_CHECKING, Any
 from ray.tune.experiment import Trial
 from ray.tune.schedulers import AsyncHyperBandScheduler, FIFOScheduler, TrialScheduler
 
+from study.asha_state import STATE_VERSION, Change, append_changes, fold_log, read_state, write_state
 from study.records import EndRecord, relative_to_root, write_end_record
-from study.storage import StudyPaths, create_bytes, read_json, save_reports, write_json
+from study.storage import StudyPaths, create_bytes, is_remote, save_reports
 
 if TYPE_CHECKING:
     from ray.tune.execution.tune_controller import TuneController
 
 __all__ = ["PersistentASHA", "SnapshotBeforeStart", "record_started", "stopped_trials"]
 
-STATE_VERSION = 1
-
 
 def stopped_trials(state_uri: str) -> set[str]:
-    """Ids of the trials ASHA stopped, as recorded in ``asha.json`` (empty if there is none)."""
-    state = read_json(state_uri)
+    """Ids of the trials ASHA stopped, as recorded in ``asha.json`` and its log (empty if none)."""
+    state = read_state(state_uri)
     return set(state["stopped"]) if state else set()
 
 
@@ -156,8 +155,13 @@ class PersistentASHA(SnapshotBeforeStart, AsyncHyperBandScheduler):
         self._state_uri = state_uri
         self._stopped: set[str] = set()
         self._stopping: set[str] = set()  # stopped, not yet recorded (see on_trial_complete)
+        self._unsaved: dict[str, list[Change]] = {}  # the rung values of those stops
         self._assigned: dict[str, int] = {}  # trial id -> bracket index
         self._loaded = False
+
+    def __setstate__(self, state: dict[str, Any]) -> None:  # a study saved before the log
+        super().__setstate__(state)
+        self.__dict__.setdefault("_unsaved", {})
 
     def rebind(self, paths: StudyPaths) -> None:
         """Point at the study where it is now (Tune restores the scheduler with its old paths)."""
@@ -165,33 +169,54 @@ class PersistentASHA(SnapshotBeforeStart, AsyncHyperBandScheduler):
 
     # -- persistence ----------------------------------------------------------------------------
     def _load(self) -> None:
-        """Read the saved rungs once, before the first trial is (re-)added."""
+        """Read the saved rungs once, before the first trial is (re-)added; then write them
+        whole (the log folded in), so this driver's changes are appended to a fresh log."""
         self._loaded = True
-        state = read_json(self._state_uri)
-        if not state:
-            return
-        for bracket, saved in zip(self._brackets, state["brackets"], strict=True):
-            milestones = [m for m, _ in bracket._rungs]
-            if milestones != [m for m, _ in saved]:
-                raise ValueError(
-                    f"{self._state_uri} holds rungs at {[m for m, _ in saved]}, this scheduler has "
-                    f"{milestones}: the study's ASHA settings changed since it started"
-                )
-            for (_, recorded), (_, values) in zip(bracket._rungs, saved, strict=True):
-                recorded.update(values)
-        self._stopped = set(state["stopped"])
-        self._assigned = dict(state["assigned"])
+        state = read_state(self._state_uri)
+        if state:
+            for bracket, saved in zip(self._brackets, state["brackets"], strict=True):
+                milestones = [m for m, _ in bracket._rungs]
+                if milestones != [m for m, _ in saved]:
+                    raise ValueError(
+                        f"{self._state_uri} holds rungs at {[m for m, _ in saved]}, this scheduler "
+                        f"has {milestones}: the study's ASHA settings changed since it started"
+                    )
+                for (_, recorded), (_, values) in zip(bracket._rungs, saved, strict=True):
+                    recorded.update(values)
+            self._stopped = set(state["stopped"])
+            self._assigned = dict(state["assigned"])
+        fold_log(self._state_uri, self._state())
 
-    def _save(self) -> None:
-        write_json(
-            self._state_uri,
-            {
-                "version": STATE_VERSION,
-                "brackets": [[[m, dict(r)] for m, r in b._rungs] for b in self._brackets],
-                "stopped": sorted(self._stopped),
-                "assigned": self._assigned,
-            },
-        )
+    def _state(self) -> dict[str, Any]:
+        return {
+            "version": STATE_VERSION,
+            "brackets": [[[m, dict(r)] for m, r in b._rungs] for b in self._brackets],
+            "stopped": sorted(self._stopped),
+            "assigned": self._assigned,
+        }
+
+    def _save(self, changes: list[Change]) -> None:
+        """One change or a few, appended (`study.asha_state`): a cost per trial that does not
+        grow with the study, where rewriting the whole state did."""
+        if not changes:
+            return
+        if is_remote(self._state_uri):  # an object store: no append, the whole state
+            write_state(self._state_uri, self._state())
+        else:
+            append_changes(self._state_uri, changes)
+
+    def _rungs_of(self, trial_id: str) -> dict[tuple[int, float], float]:
+        """The trial's values in the rungs: (bracket, milestone) -> value."""
+        return {
+            (i, m): r[trial_id] for i, b in enumerate(self._brackets) for m, r in b._rungs if trial_id in r
+        }
+
+    def _rung_changes(self, trial_id: str, before: dict[tuple[int, float], float]) -> list[Change]:
+        return [
+            ["rung", i, m, trial_id, v]
+            for (i, m), v in self._rungs_of(trial_id).items()
+            if (i, m) not in before
+        ]
 
     # -- scheduler hooks ------------------------------------------------------------------------
     def on_trial_add(self, tune_controller: TuneController, trial: Trial) -> None:
@@ -202,19 +227,21 @@ class PersistentASHA(SnapshotBeforeStart, AsyncHyperBandScheduler):
             self._trial_info[trial.trial_id] = self._brackets[self._assigned[trial.trial_id]]
             return
         super().on_trial_add(tune_controller, trial)
-        self._assigned[trial.trial_id] = self._brackets.index(self._trial_info[trial.trial_id])
-        self._save()
+        self._assigned[trial.trial_id] = bracket = self._brackets.index(self._trial_info[trial.trial_id])
+        self._save([["assign", trial.trial_id, bracket]])
 
     def on_trial_result(self, tune_controller: TuneController, trial: Trial, result: dict[str, Any]) -> str:
         if trial.trial_id in self._stopped | self._stopping:
             return str(TrialScheduler.STOP)
-        before = self._snapshot()
+        before = self._rungs_of(trial.trial_id)
         action = str(super().on_trial_result(tune_controller, trial, result))
         if action == TrialScheduler.STOP and result.get(self._time_attr, 0) < self._max_t:
-            # Tune logs this report after this call: the stop is saved in on_trial_complete
+            # Tune logs this report after this call: the stop is saved in on_trial_complete,
+            # with the rung value it was stopped on (a resume before then judges that report again)
             self._stopping.add(trial.trial_id)
-        elif self._snapshot() != before:
-            self._save()
+            self._unsaved[trial.trial_id] = self._rung_changes(trial.trial_id, before)
+        else:
+            self._save(self._rung_changes(trial.trial_id, before))
         return action
 
     def on_trial_complete(
@@ -222,12 +249,13 @@ class PersistentASHA(SnapshotBeforeStart, AsyncHyperBandScheduler):
     ) -> None:
         stopping = trial.trial_id in self._stopping
         self._record_end(trial, result, stopped=stopping)  # first of all
-        before = self._snapshot()
+        before = self._rungs_of(trial.trial_id)
         AsyncHyperBandScheduler.on_trial_complete(self, tune_controller, trial, result)
+        changes = self._rung_changes(trial.trial_id, before)
         if stopping:
-            self._record_stop(trial)
-        elif self._snapshot() != before:
-            self._save()
+            self._record_stop(trial, changes)
+        else:
+            self._save(changes)
 
     def on_trial_remove(self, tune_controller: TuneController, trial: Trial) -> None:
         super().on_trial_remove(tune_controller, trial)
@@ -235,10 +263,11 @@ class PersistentASHA(SnapshotBeforeStart, AsyncHyperBandScheduler):
             self._record_end(trial, None, stopped=True)
             self._record_stop(trial)
 
-    def _record_stop(self, trial: Trial) -> None:
+    def _record_stop(self, trial: Trial, changes: list[Change] | None = None) -> None:
         self._stopping.discard(trial.trial_id)
         self._stopped.add(trial.trial_id)
-        self._save()
+        unsaved = self._unsaved.pop(trial.trial_id, [])
+        self._save([*unsaved, *(changes or []), ["stop", trial.trial_id]])
 
     def replay_stop(self, trial_id: str) -> None:
         """A stop the end records hold and ``asha.json`` may not (a kill between the two)."""
@@ -246,7 +275,4 @@ class PersistentASHA(SnapshotBeforeStart, AsyncHyperBandScheduler):
             self._load()
         if trial_id not in self._stopped:
             self._stopped.add(trial_id)
-            self._save()
-
-    def _snapshot(self) -> int:
-        return sum(len(r) for b in self._brackets for _, r in b._rungs)
+            self._save([["stop", trial_id]])

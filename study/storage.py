@@ -6,7 +6,8 @@ A study named N under the storage root R::
     R/studies/N/spec.toml          the spec the study was started with (``resume`` reads it)
     R/studies/N/optuna.journal     the Optuna study (``optuna-dashboard`` opens it); on an object
                                    store, a copy of the driver's local journal (see below)
-    R/studies/N/asha.json          ASHA's rungs and the trials it stopped (Ray does not keep them)
+    R/studies/N/asha.json          ASHA's rungs and the trials it stopped (Ray does not keep them);
+                                   locally, the changes since are in asha.json.log (study.asha_state)
     R/studies/N/ended/T.json       how trial T ended (outcome, config, last report, checkpoint),
                                    written once when it ends: the record a resume and every reader
                                    trust even when Tune's own state lags behind it (`study.records`)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 from typing import Any
@@ -13,6 +12,7 @@ import pytest
 
 from ponder.config import ParityConfig
 from ponder.metrics import eval_set_names
+from study.asha_state import read_state
 from study.spec import load_spec
 from study.storage import StudyPaths, write_parquet
 from tests.study.conftest import cli, history, trials
@@ -60,8 +60,8 @@ def test_asha_stopped_a_trial_early(smoke: tuple[Path, Any]) -> None:
     assert len(stopped) >= 1
     assert (stopped["iteration"] < SMOKE.iterations).all()
     assert (df.loc[df["status"] == "completed", "iteration"] == SMOKE.iterations).all()
-    asha = json.loads(Path(StudyPaths(str(storage), "parity-smoke").asha).read_text())
-    assert set(asha["stopped"]) == set(stopped.index)
+    asha = read_state(StudyPaths(str(storage), "parity-smoke").asha)  # asha.json and its log
+    assert asha is not None and set(asha["stopped"]) == set(stopped.index)
 
 
 def test_history_has_one_row_per_report(smoke: tuple[Path, Any]) -> None:

@@ -1,0 +1,75 @@
+"""ASHA's saved state: each change appended to a log, folded into asha.json by the next driver."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ray.tune.schedulers import TrialScheduler
+
+from study.asha_state import log_uri, read_state
+from study.scheduler import stopped_trials
+from tests.study.test_scheduler import _asha, _report, _trial
+
+
+def _filled(state: Path, n: int) -> tuple[object, list[object]]:
+    """A scheduler that saw ``n`` trials reach the first rung, each worse than the one before:
+    those below the rung's cutoff stopped there."""
+    s = _asha(state)
+    trials = [_trial(f"t{i:04d}") for i in range(n)]
+    for i, t in enumerate(trials):
+        s.on_trial_add(None, t)  # type: ignore[arg-type]
+        if _report(s, t, 10, 1 - i / n) == TrialScheduler.STOP:
+            s.on_trial_complete(None, t, {"iteration": 10, "acc": 1 - i / n})  # type: ignore[arg-type]
+    return s, trials
+
+
+def test_changes_are_appended_and_read_back_as_the_schedulers_state(tmp_path: Path) -> None:
+    state = tmp_path / "asha.json"
+    s, _ = _filled(state, 40)
+    whole = json.loads(state.read_text())
+    assert whole["assigned"] == {} and whole["stopped"] == []  # written once, before any trial
+    log = Path(log_uri(str(state))).read_text().splitlines()
+    assert {json.loads(x)[0] for x in log} == {"assign", "rung", "stop"}
+    assert read_state(str(state)) == s._state()  # type: ignore[attr-defined]
+    assert stopped_trials(str(state)) == set(s._stopped) and s._stopped  # type: ignore[attr-defined]
+
+
+def test_the_next_driver_folds_the_log_into_asha_json(tmp_path: Path) -> None:
+    state = tmp_path / "asha.json"
+    first, trials = _filled(state, 20)
+    expected = first._state()  # type: ignore[attr-defined]
+    second = _asha(state)
+    second.on_trial_add(None, trials[0])  # type: ignore[arg-type]  # a resume re-adds its trials
+    assert not Path(log_uri(str(state))).exists()
+    assert json.loads(state.read_text()) == expected
+    assert read_state(str(state)) == expected
+
+
+def test_a_torn_last_line_is_skipped_and_a_change_twice_is_harmless(tmp_path: Path) -> None:
+    state = tmp_path / "asha.json"
+    s, _ = _filled(state, 10)
+    expected = s._state()  # type: ignore[attr-defined]
+    log = Path(log_uri(str(state)))
+    lines = log.read_bytes()
+    # a kill between folding and removing the log (every change applied twice), then a kill in
+    # the middle of an append
+    state.write_text(json.dumps(expected))
+    log.write_bytes(lines + b'["stop","t00')
+    assert read_state(str(state)) == expected
+
+
+def test_a_change_costs_the_same_in_a_large_study_as_in_a_small_one(tmp_path: Path) -> None:
+    """The driver's cost per trial must not grow with the study (issue 15): a change appends a
+    line of its own size, and asha.json is not rewritten, whatever the number of trials."""
+    appended = []
+    for n in (10, 400):
+        state = tmp_path / f"{n}" / "asha.json"
+        state.parent.mkdir()
+        s, _ = _filled(state, n)
+        whole, log = state.stat(), Path(log_uri(str(state)))
+        before = log.stat().st_size
+        s.on_trial_add(None, _trial("new-one"))  # type: ignore[arg-type]
+        appended.append(log.stat().st_size - before)
+        assert state.stat().st_mtime_ns == whole.st_mtime_ns and state.stat().st_size == whole.st_size
+    assert appended[0] == appended[1] < 100
