@@ -48,10 +48,16 @@ def check_spec(spec_arg: str, storage: str | None = None, *, estimate: bool = Tr
         s = spec.scheduler
         rungs = asha_milestones(s.grace_period, iters, s.reduction_factor, s.brackets)
         least = least_trial_iterations(n, iters, rungs, s.reduction_factor)
-        lines.append(
-            f"  ASHA (rungs at {', '.join(f'{r:,}' for r in rungs)} iterations, keeping "
-            f"1/{s.reduction_factor:g} at each) could cut it to {least:,} at best ({least / full:.0%})"
-        )
+        if rungs:
+            lines.append(
+                f"  ASHA (rungs at {', '.join(f'{r:,}' for r in rungs)} iterations, keeping "
+                f"1/{s.reduction_factor:g} at each) could cut it to {least:,} at best ({least / full:.0%})"
+            )
+        else:
+            lines.append(
+                f"  ASHA has no rung below the budget (grace_period {s.grace_period:,}): "
+                "every trial runs its whole budget"
+            )
     else:
         lines.append(f"  no ASHA ({len(spec.objectives)} objectives): every trial runs its whole budget")
 

@@ -71,6 +71,17 @@ def test_an_existing_study_is_named_with_the_command_that_continues_it(
     assert "already exists there: `run` would refuse it; `ponder-study resume parity-smoke`" in out
 
 
+def test_asha_without_a_rung_below_the_budget_says_every_trial_runs_it_whole(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    spec = load_spec("ponder-honest-confirm-forward")  # grace_period = iterations
+    assert spec.scheduler is not None and spec.scheduler.grace_period == spec.iterations
+    assert main(["check", spec.name, "--no-estimate", "--storage", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "ASHA has no rung below the budget (grace_period 20,000): every trial runs its whole budget" in out
+    assert "rungs at  iterations" not in out and "cut it to" not in out
+
+
 def test_a_bad_spec_is_one_line_and_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     bad = tmp_path / "bad.toml"
     bad.write_text(load_spec("parity").source.replace("high = 0.9", "high = 1.5", 1))
