@@ -1,0 +1,142 @@
+"""A whole study's wall time in each compile mode: what a user waits for, Ray and compiles included.
+
+Four trials of ``--iterations`` (default 10,000) on 15-element parity (the seeds' size: max_steps
+20, batch 128, hidden 64), lambda_p and beta different in each (``--vary-max-steps``: max_steps
+10 and 20 instead of two betas, so the compiled trials need two shapes), no early stopping, two
+trials at a time on one CPU each. Each study is the real command (``ponder-study run``, its own
+local Ray instance) in a fresh process, timed from start to exit. Modes, in this order:
+
+- ``eager``: ``compile = "off"``, the baseline;
+- ``default``: the config's default (``auto``: see `ponder.compiled.should_compile`);
+- ``compiled``: ``compile = "on"``, first with an empty Inductor cache (``cold``), then again with
+  the cache the first run filled (``warm``), as a second study on the same machine would.
+
+With ``--shipped`` it also times the shipped ``parity`` study (what ``make study`` runs) in the
+default mode and in eager. The last line is ``ratio <default / eager>`` for the four-trial study.
+
+    .venv/bin/python bench/study_throughput.py [--iterations 10000] [--vary-max-steps] [--shipped]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+SPEC = """\
+description = "bench/study_throughput.py: four trials of 15-element parity"
+task = "parity"
+
+[config]
+n_elems = 15
+batch_size = 128
+n_hidden = 64
+iterations = {iterations}
+eval_interval = {eval_interval}
+compile = "{compile}"
+{fixed}
+
+[space.lambda_p]
+values = [0.1, 0.3]
+
+[space.{second}]
+values = {second_values}
+
+[search]
+sampler = "grid"
+max_concurrent = 2
+
+[scheduler]
+metric = "test/halted_accuracy"
+mode = "max"
+grace_period = {iterations}  # every trial runs its whole budget
+
+[resources]
+cpu = 1
+gpu = 0
+"""
+
+
+def study_spec(iterations: int, compile: str, vary_max_steps: bool) -> str:
+    second, values, fixed = (
+        ("max_steps", "[10, 20]", "beta = 0.01")
+        if vary_max_steps
+        else ("beta", "[0.01, 0.001]", "max_steps = 20")
+    )
+    return SPEC.format(
+        iterations=iterations,
+        eval_interval=max(iterations // 4, 1),
+        compile=compile,
+        fixed=fixed,
+        second=second,
+        second_values=values,
+    )
+
+
+def shipped_spec(compile: str | None) -> str:
+    """The shipped ``parity`` spec, with ``compile`` fixed in its [config] if given."""
+    sys.path.insert(0, str(REPO))
+    from study.spec import load_spec
+
+    source = load_spec("parity").source
+    return (
+        source if compile is None else source.replace("[config]\n", f'[config]\ncompile = "{compile}"\n', 1)
+    )
+
+
+def run(spec: str, name: str, storage: Path, cache: Path) -> float:
+    """Seconds from launching ``ponder-study run`` to its exit (which must be 0)."""
+    args = [sys.executable, "-m", "study", "run", spec, "--name", name, "--storage", str(storage), "--quiet"]
+    env = {**os.environ, "PONDER_STUDY_CACHE": str(cache)}
+    env.pop("TORCHINDUCTOR_CACHE_DIR", None)
+    start = time.perf_counter()
+    done = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True)
+    took = time.perf_counter() - start
+    if done.returncode != 0:
+        raise SystemExit(f"{name}: exit {done.returncode}\n{done.stderr[-3000:]}")
+    return took
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--iterations", type=int, default=10_000, help="iterations per trial")
+    parser.add_argument("--vary-max-steps", action="store_true", help="max_steps 10 and 20 across trials")
+    parser.add_argument("--shipped", action="store_true", help="also time the shipped parity study")
+    args = parser.parse_args()
+
+    with tempfile.TemporaryDirectory(prefix="study_throughput.") as tmp:
+        root = Path(tmp)
+        cache = root / "cache"  # empty: the first compiled study compiles cold
+        times: dict[str, float] = {}
+        for label, mode in (
+            ("eager", "off"),
+            ("default", "auto"),
+            ("compiled cold", "on"),
+            ("compiled warm", "on"),
+        ):
+            spec = root / f"{label.replace(' ', '-')}.toml"
+            spec.write_text(study_spec(args.iterations, mode, args.vary_max_steps))
+            times[label] = run(str(spec), label.replace(" ", "-"), root / "results", cache)
+            ratio = times[label] / times["eager"]
+            print(f"{label:14s} compile={mode:4s} {times[label]:7.1f} s  {ratio:.2f}x eager", flush=True)
+        if args.shipped:
+            shipped: dict[str, float] = {}
+            for label, mode in (("eager", "off"), ("default", None)):
+                spec = root / f"parity-{label}.toml"
+                spec.write_text(shipped_spec(mode))
+                shipped[label] = run(str(spec), f"parity-{label}", root / "results", cache)
+                print(f"shipped parity, {label:7s} {shipped[label]:7.1f} s", flush=True)
+            print(f"shipped parity: default / eager {shipped['default'] / shipped['eager']:.2f}")
+        print(f"ratio {times['default'] / times['eager']:.2f}")
+
+
+if __name__ == "__main__":
+    main()
