@@ -32,6 +32,8 @@ SHIPPED = [
     "ponder-difficulty-paper",
     "ponder-difficulty-seeds",
     "ponder-extrapolation-seeds",
+    "ponder-honest-confirm-forward",
+    "ponder-honest-confirm-reverse",
     "ponder-honest-search",
 ]
 
