@@ -13,9 +13,10 @@ import os
 import shlex
 import signal
 import sys
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import pandas as pd
 
@@ -44,8 +45,24 @@ SUMMARY_COLUMNS = [
 ]
 
 
+class _Formatter(argparse.HelpFormatter):
+    """argparse's help, wrapped at spaces only: a spec's name (``ponder-honest-search``) is never
+    split at its hyphens across two lines."""
+
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        lines = self._split_lines(text, width - len(indent))
+        return "\n".join(indent + line for line in lines)
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse, but an error is one line (what is wrong, where to look), exit code 2."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _Formatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see --help)\n")

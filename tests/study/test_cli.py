@@ -269,6 +269,16 @@ def test_help_says_what_each_command_does(monkeypatch: pytest.MonkeyPatch) -> No
     assert "--storage" in resume
 
 
+def test_help_in_a_narrow_terminal_never_splits_a_specs_name() -> None:
+    """argparse wraps at hyphens by default: ``ponder-`` / ``honest-search`` on two lines, which
+    a user cannot paste. The CLI wraps at spaces only."""
+    done = cli("run", "--help", env={"COLUMNS": "60"}, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    words = {w.strip("(),.") for w in done.stdout.split()}
+    for name in list_specs():
+        assert name in words, name
+
+
 def test_list_shows_the_shipped_specs_and_the_studies(smoke: tuple[Path, Any]) -> None:
     storage, _ = smoke
     done = cli("list", "--storage", str(storage), timeout=120)
