@@ -5,6 +5,10 @@ A local Ray instance is a tree under the driver: GCS, raylet, the raylet's agent
 ones Ray tracks, but an agent whose raylet is stopped while Ray is still starting (a Ctrl-C in
 the first seconds) has been seen alive 45 s later, holding memory and the terminal's process
 group. Linux only (``/proc``); elsewhere nothing is found and nothing is stopped.
+
+Such an agent can also be started by its raylet a moment after the driver listed its processes,
+and then orphaned when the raylet stops: `become_subreaper` makes the driver the parent of every
+orphan below it, so a second listing after ``ray.shutdown()`` still finds it.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import signal
 import time
 from pathlib import Path
 
-__all__ = ["descendants", "stop"]
+__all__ = ["become_subreaper", "descendants", "stop"]
 
 Process = tuple[int, str]
 """(pid, start time in clock ticks since boot): a pid reused by another process never matches."""
@@ -31,6 +35,24 @@ def _stat(pid: int) -> tuple[int, str] | None:
     if fields[0] in ("Z", "X"):  # fields: state (3rd of stat), ppid (4th), ..., starttime (22nd)
         return None
     return int(fields[1]), fields[19]
+
+
+_PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
+
+
+def become_subreaper() -> bool:
+    """Make this process the one that orphans below it are re-parented to (Linux's
+    ``PR_SET_CHILD_SUBREAPER``), not init: they stay its `descendants`. Returns whether it took."""
+    import ctypes
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return int(libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)) == 0
+    except (OSError, AttributeError):
+        return False
 
 
 def descendants(pid: int) -> list[Process]:
