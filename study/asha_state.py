@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from study.storage import is_remote, read_bytes, read_json, resolve, write_bytes
 
-__all__ = ["STATE_VERSION", "Change", "append_changes", "fold_log", "log_uri", "read_state", "write_state"]
+__all__ = ["STATE_VERSION", "Change", "fold_log", "log_uri", "read_state", "save_changes", "write_state"]
 
 STATE_VERSION = 1
 
@@ -63,7 +64,7 @@ def _apply(state: dict[str, Any], change: Change) -> None:
 
 def read_state(state_uri: str) -> dict[str, Any] | None:
     """``asha.json`` with the logged changes applied (None when there is none)."""
-    state = read_json(state_uri)
+    state: dict[str, Any] | None = read_json(state_uri)
     if not state:  # a driver writes the whole file before it logs any change
         return None
     data = None if is_remote(state_uri) else read_bytes(log_uri(state_uri))
@@ -73,13 +74,17 @@ def read_state(state_uri: str) -> dict[str, Any] | None:
         except ValueError:  # a torn last line: the kill came in the middle of its append
             continue
         _apply(state, change)
-    return dict(state)
+    return state
 
 
-def append_changes(state_uri: str, changes: list[Change]) -> None:
-    """Append ``changes`` to the log of a state on a local disk (or a ``file://`` mount), after
-    `fold_log` wrote the whole state; an object store has no append (use `write_state`)."""
+def save_changes(state_uri: str, changes: list[Change], state: Callable[[], dict[str, Any]]) -> None:
+    """Save ``changes``, already applied to the whole current ``state()``: appended to the log on
+    a local disk (or a ``file://`` mount), after `fold_log` wrote the whole state; on an object
+    store, which has no append, the whole state is written."""
     if not changes:
+        return
+    if is_remote(state_uri):
+        write_state(state_uri, state())
         return
     with open(resolve(log_uri(state_uri))[1], "ab") as f:
         f.write(b"".join(_encode(c) + b"\n" for c in changes))

@@ -32,9 +32,9 @@ from typing import TYPE_CHECKING, Any
 from ray.tune.experiment import Trial
 from ray.tune.schedulers import AsyncHyperBandScheduler, FIFOScheduler, TrialScheduler
 
-from study.asha_state import STATE_VERSION, Change, append_changes, fold_log, read_state, write_state
+from study.asha_state import STATE_VERSION, Change, fold_log, read_state, save_changes
 from study.records import EndRecord, relative_to_root, write_end_record
-from study.storage import StudyPaths, create_bytes, is_remote, save_reports
+from study.storage import StudyPaths, create_bytes, save_reports
 
 if TYPE_CHECKING:
     from ray.tune.execution.tune_controller import TuneController
@@ -198,12 +198,7 @@ class PersistentASHA(SnapshotBeforeStart, AsyncHyperBandScheduler):
     def _save(self, changes: list[Change]) -> None:
         """One change or a few, appended (`study.asha_state`): a cost per trial that does not
         grow with the study, where rewriting the whole state did."""
-        if not changes:
-            return
-        if is_remote(self._state_uri):  # an object store: no append, the whole state
-            write_state(self._state_uri, self._state())
-        else:
-            append_changes(self._state_uri, changes)
+        save_changes(self._state_uri, changes, self._state)
 
     def _rungs_of(self, trial_id: str) -> dict[tuple[int, float], float]:
         """The trial's values in the rungs: (bracket, milestone) -> value."""
