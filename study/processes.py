@@ -7,8 +7,8 @@ the first seconds) has been seen alive 45 s later, holding memory and the termin
 group. Linux only (``/proc``); elsewhere nothing is found and nothing is stopped.
 
 Such an agent can also be started by its raylet a moment after the driver listed its processes,
-and then orphaned when the raylet stops: `become_subreaper` makes the driver the parent of every
-orphan below it, so a second listing after ``ray.shutdown()`` still finds it.
+and then orphaned when the raylet stops: `set_subreaper` makes the driver the parent of every
+orphan below it while Ray runs, so a second listing after ``ray.shutdown()`` still finds it.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import signal
 import time
 from pathlib import Path
 
-__all__ = ["become_subreaper", "descendants", "stop"]
+__all__ = ["descendants", "set_subreaper", "stop"]
 
 Process = tuple[int, str]
 """(pid, start time in clock ticks since boot): a pid reused by another process never matches."""
@@ -40,9 +40,10 @@ def _stat(pid: int) -> tuple[int, str] | None:
 _PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
 
 
-def become_subreaper() -> bool:
+def set_subreaper(on: bool) -> bool:
     """Make this process the one that orphans below it are re-parented to (Linux's
-    ``PR_SET_CHILD_SUBREAPER``), not init: they stay its `descendants`. Returns whether it took."""
+    ``PR_SET_CHILD_SUBREAPER``), not init, so they stay its `descendants`; ``on=False`` undoes it
+    (a study run from Python leaves the caller's process as it was). Returns whether it took."""
     import ctypes
     import sys
 
@@ -50,7 +51,7 @@ def become_subreaper() -> bool:
         return False
     try:
         libc = ctypes.CDLL(None, use_errno=True)
-        return int(libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)) == 0
+        return int(libc.prctl(_PR_SET_CHILD_SUBREAPER, int(on), 0, 0, 0)) == 0
     except (OSError, AttributeError):
         return False
 

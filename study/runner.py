@@ -43,7 +43,7 @@ from study.dataset import write_study_table
 from study.launch import crash_handler_back_for_ray_processes, raise_a_swallowed_stop
 from study.lease import hold_lease
 from study.parquet import TrialRecord, history_table, pareto_marks, parse_result_lines, trials_table
-from study.processes import become_subreaper, descendants
+from study.processes import descendants, set_subreaper
 from study.processes import stop as stop_processes
 from study.records import EndRecord, StudyError, load_study_spec, read_end_records
 from study.scheduler import PersistentASHA, SnapshotBeforeStart
@@ -587,7 +587,7 @@ def _ray_lifetime() -> Iterator[None]:
     middle of Ray's start-up included): its helper processes go with the driver."""
     started_here = not ray.is_initialized()
     if started_here:
-        become_subreaper()  # an agent orphaned by its raylet stays below the driver
+        set_subreaper(True)  # an agent orphaned by its raylet stays below the driver
     try:
         yield
     finally:
@@ -599,6 +599,7 @@ def _ray_lifetime() -> Iterator[None]:
             # an agent can outlive its raylet stopped mid-start (45 s seen), or be started after
             # the list above and orphaned by the shutdown: listed again, as the driver's orphans
             stop_processes(local + descendants(os.getpid()))
+            set_subreaper(False)
             # with Ray's crash handler on (a study run from Python, not the command), shutdown
             # leaves SIGTERM at "die at once" (`study.launch.RAY_CRASH_HANDLER_OFF`)
             _restore_stop_handlers(handlers)
