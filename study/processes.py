@@ -9,6 +9,8 @@ group. Linux only (``/proc``); elsewhere nothing is found and nothing is stopped
 Such an agent can also be started by its raylet a moment after the driver listed its processes,
 and then orphaned when the raylet stops: `set_subreaper` makes the driver the parent of every
 orphan below it while Ray runs, so a second listing after ``ray.shutdown()`` still finds it.
+`Reaper` holds the two together and spares what was below the driver before (a study run from
+Python, in a process that has children of its own).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import signal
 import time
 from pathlib import Path
 
-__all__ = ["descendants", "set_subreaper", "stop"]
+__all__ = ["Reaper", "descendants", "set_subreaper", "stop"]
 
 Process = tuple[int, str]
 """(pid, start time in clock ticks since boot): a pid reused by another process never matches."""
@@ -38,6 +40,7 @@ def _stat(pid: int) -> tuple[int, str] | None:
 
 
 _PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
+_PR_GET_CHILD_SUBREAPER = 37
 
 
 def set_subreaper(on: bool) -> bool:
@@ -52,6 +55,21 @@ def set_subreaper(on: bool) -> bool:
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         return int(libc.prctl(_PR_SET_CHILD_SUBREAPER, int(on), 0, 0, 0)) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def is_subreaper() -> bool:
+    """Whether this process is a subreaper now (False where that cannot be asked)."""
+    import ctypes
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        flag = ctypes.c_int()
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(_PR_GET_CHILD_SUBREAPER, ctypes.byref(flag), 0, 0, 0) == 0 and bool(flag.value)
     except (OSError, AttributeError):
         return False
 
@@ -89,3 +107,28 @@ def stop(processes: list[Process], grace_s: float = 1.0) -> int:
         while _alive(left) and time.monotonic() < deadline:
             time.sleep(0.05)
     return len(left)
+
+
+class Reaper:
+    """The processes this process starts from now on, orphans included: `started` lists them,
+    `close` stops them and puts the subreaper flag back as it was. Children that were already
+    there when the reaper was made are never listed (they are not the reaper's to stop)."""
+
+    def __init__(self) -> None:
+        self._pid = os.getpid()
+        self._before = set(descendants(self._pid))
+        self._was_subreaper = is_subreaper()
+        set_subreaper(True)
+
+    def started(self) -> list[Process]:
+        """The descendants that were not there when the reaper was made, as they are now."""
+        return [p for p in descendants(self._pid) if p not in self._before]
+
+    def close(self, also: list[Process] | None = None, grace_s: float = 1.0) -> int:
+        """Stop ``also`` (an earlier `started` list) and what `started` lists now; returns how
+        many had to be signalled."""
+        try:
+            return stop([*(also or []), *self.started()], grace_s)
+        finally:
+            if not self._was_subreaper:
+                set_subreaper(False)

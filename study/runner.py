@@ -43,8 +43,7 @@ from study.dataset import write_study_table
 from study.launch import crash_handler_back_for_ray_processes, raise_a_swallowed_stop
 from study.lease import hold_lease
 from study.parquet import TrialRecord, history_table, pareto_marks, parse_result_lines, trials_table
-from study.processes import descendants, set_subreaper
-from study.processes import stop as stop_processes
+from study.processes import Reaper
 from study.records import EndRecord, StudyError, load_study_spec, read_end_records
 from study.scheduler import PersistentASHA, SnapshotBeforeStart
 from study.search import (
@@ -585,21 +584,19 @@ def _stops_held_while_ray_starts() -> Iterator[None]:
 def _ray_lifetime() -> Iterator[None]:
     """Stop the Ray instance this command started when it ends, however it ends (a Ctrl-C in the
     middle of Ray's start-up included): its helper processes go with the driver."""
-    started_here = not ray.is_initialized()
-    if started_here:
-        set_subreaper(True)  # an agent orphaned by its raylet stays below the driver
+    # an agent orphaned by its raylet stays below the driver; the caller's own children are spared
+    reaper = Reaper() if not ray.is_initialized() else None
     try:
         yield
     finally:
-        if started_here:
+        if reaper is not None:
             handlers = _stop_handlers()
-            local = descendants(os.getpid())  # a local instance: GCS, raylet, its agents, workers
+            local = reaper.started()  # a local instance: GCS, raylet, its agents, workers
             with contextlib.suppress(Exception):
                 ray.shutdown()
             # an agent can outlive its raylet stopped mid-start (45 s seen), or be started after
             # the list above and orphaned by the shutdown: listed again, as the driver's orphans
-            stop_processes(local + descendants(os.getpid()))
-            set_subreaper(False)
+            reaper.close(also=local)
             # with Ray's crash handler on (a study run from Python, not the command), shutdown
             # leaves SIGTERM at "die at once" (`study.launch.RAY_CRASH_HANDLER_OFF`)
             _restore_stop_handlers(handlers)

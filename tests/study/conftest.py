@@ -49,6 +49,10 @@ _shared_ray: tuple[subprocess.Popen[str], str] | None = None
 def shared_ray() -> str:
     """The address of this test process's Ray instance, started on first use."""
     global _shared_ray
+    if _shared_ray is not None and (code := _shared_ray[0].poll()) is not None:
+        # a test stopped it (seen: a process sweep over this process's children): say so here,
+        # not as a driver's 300-s wait for a GCS that is gone
+        pytest.fail(f"the tests' shared Ray instance was stopped by an earlier test (exit {code})")
     if _shared_ray is None:
         proc = subprocess.Popen(
             [sys.executable, "-c", _SHARED_RAY, str(os.getpid())],

@@ -1,8 +1,8 @@
-"""The driver's hold on the processes it started: subreaper on while Ray runs, off after."""
+"""The driver's hold on the processes it started: subreaper on while Ray runs, off after, and
+the caller's own children never touched."""
 
 from __future__ import annotations
 
-import ctypes
 import os
 import subprocess
 import sys
@@ -10,33 +10,48 @@ import time
 
 import pytest
 
-from study.processes import descendants, set_subreaper, stop
-
-PR_GET_CHILD_SUBREAPER = 37
+from study.processes import Reaper, descendants, is_subreaper, set_subreaper
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux's prctl and /proc")
 
 
-def _is_subreaper() -> bool:
-    flag = ctypes.c_int()
-    ctypes.CDLL(None).prctl(PR_GET_CHILD_SUBREAPER, ctypes.byref(flag), 0, 0, 0)
-    return bool(flag.value)
+def _orphan_a_grandchild() -> None:
+    """A child that starts a grandchild and exits, as a raylet stopped while its agent starts."""
+    parent = subprocess.Popen(
+        [sys.executable, "-c", "import subprocess, sys; subprocess.Popen(['sleep', '60']); sys.exit(0)"]
+    )
+    parent.wait(30)
 
 
-def test_an_orphan_below_a_subreaper_stays_its_descendant_and_is_stopped() -> None:
-    """A child that starts a grandchild and exits (as a raylet stopped while its agent starts):
-    with the subreaper on, the grandchild is re-parented here, found and stopped."""
-    assert set_subreaper(True) and _is_subreaper()
+def test_a_reaper_stops_the_orphans_below_it_and_spares_the_callers_children() -> None:
+    """The orphaned grandchild is re-parented here, listed and stopped; a child this process had
+    before (in the tests: the shared Ray instance; for a user: a notebook's own subprocess) is not."""
+    mine = subprocess.Popen(["sleep", "60"])
     try:
-        parent = subprocess.Popen(
-            [sys.executable, "-c", "import subprocess, sys; subprocess.Popen(['sleep', '60']); sys.exit(0)"]
-        )
-        parent.wait(30)
+        assert not is_subreaper()
+        reaper = Reaper()
+        assert is_subreaper()
+        _orphan_a_grandchild()
         deadline = time.monotonic() + 10
-        while not (orphans := descendants(os.getpid())) and time.monotonic() < deadline:
+        while not (orphans := reaper.started()) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert orphans, "the orphaned grandchild is not below this process"
-        assert stop(orphans, grace_s=0.1) == len(orphans)
+        assert mine.pid not in {pid for pid, _ in orphans}
+        assert reaper.close(grace_s=0.1) == len(orphans)
+        assert not is_subreaper()  # a study run from Python leaves the caller's process as it was
+        assert not reaper.started()
+        assert mine.poll() is None, "the caller's own child was stopped"
+        assert mine.pid in {pid for pid, _ in descendants(os.getpid())}
+    finally:
+        mine.kill()
+        mine.wait()
+
+
+def test_a_reaper_leaves_a_subreaper_caller_a_subreaper() -> None:
+    assert set_subreaper(True)
+    try:
+        Reaper().close()
+        assert is_subreaper()
     finally:
         assert set_subreaper(False)
-    assert not _is_subreaper()  # a study run from Python leaves the caller's process as it was
+    assert not is_subreaper()
