@@ -57,15 +57,14 @@ from study.search import (
 from study.spec import StudySpec
 from study.storage import (
     CHECKPOINT_FILE,
-    FRAGMENT_PREFIX,
     StudyPaths,
     is_shared,
     join,
     read_bytes,
     read_study_table,
     read_table,
+    replaced_folder,
     resolve,
-    table_files,
     to_uri,
     trial_reports,
     write_bytes,
@@ -235,25 +234,18 @@ def write_tables(
     history = history_table(records, spec.objectives)
     final = [r.trial_id for r in records if r.ended and r.status() in FINAL]
     rest = [r.trial_id for r in records if r.trial_id not in set(final)]
-    # history first: a driver killed between the writes leaves every trial the trials files
-    # show (an ended one included) with its reports in history, never the other way round
+    # history first: a driver killed between the two leaves every trial the trials files show
+    # (an ended one included) with its reports in history, never the other way round
     for kind, t in (("history", history), ("trials", table)):
         ids = t.column("trial_id")
-        write_study_table(paths, kind, t.filter(pc.is_in(ids, pa.array(final, pa.string()))))
-        for trial_id in rest:
-            part = t.filter(pc.equal(ids, trial_id))
-            write_study_table(paths, kind, part, file=paths.fragment(kind, trial_id))
-    for kind in ("trials", "history"):  # the trials' rows are in the compacted files now
-        _drop_fragments(paths, kind, set(final))
+        with replaced_folder(paths.table_dir(kind)) as folder:  # the final trials' fragments go
+            compacted = join(folder, paths.compacted_name(kind))
+            done = t.filter(pc.is_in(ids, pa.array(final, pa.string())))
+            write_study_table(paths, kind, done, file=compacted)
+            for trial_id in rest:
+                part = t.filter(pc.equal(ids, trial_id))
+                write_study_table(paths, kind, part, file=join(folder, paths.fragment_name(trial_id)))
     return records
-
-
-def _drop_fragments(paths: StudyPaths, kind: str, trial_ids: set[str]) -> None:
-    fs, _ = resolve(paths.root)
-    for path in table_files(paths, kind):
-        base = path.rsplit("/", 1)[-1]
-        if base.startswith(FRAGMENT_PREFIX) and base[len(FRAGMENT_PREFIX) : -len(".parquet")] in trial_ids:
-            fs.delete_file(path)
 
 
 def _end_record(paths: StudyPaths, trial_id: str) -> EndRecord | None:

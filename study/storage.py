@@ -21,7 +21,9 @@ A study named N under the storage root R::
     R/history/study=N/history.parquet  one row per trial per report, as trials.parquet
     R/history/study=N/trial-T.parquet  trial T's reports, as trial-T.parquet above
 
-Every file here is replaced atomically: a reader sees the old version or the new one.
+Every file here is replaced atomically: a reader sees the old version or the new one. A study's
+``trials`` and ``history`` folders are compacted whole (`replaced_folder`): on a local disk a
+reader sees the old files or the new ones, never a trial in both.
 
 A plain path is on this machine's disk. A multi-node study needs a root every node reads and
 writes: an object store (``s3://bucket/prefix``, ``gs://...``) or a filesystem every node
@@ -32,10 +34,13 @@ keeps it on its own disk (`journal_cache`) and copies it to the study directory 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+import shutil
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -63,6 +68,7 @@ __all__ = [
     "read_json",
     "read_study_table",
     "read_table",
+    "replaced_folder",
     "resolve",
     "save_reports",
     "table_files",
@@ -270,11 +276,21 @@ class StudyPaths:
 
     @property
     def trials_parquet(self) -> str:
-        return join(self.root, "trials", f"study={self.name}", "trials.parquet")
+        return join(self.table_dir("trials"), self.compacted_name("trials"))
 
     @property
     def history_parquet(self) -> str:
-        return join(self.root, "history", f"study={self.name}", "history.parquet")
+        return join(self.table_dir("history"), self.compacted_name("history"))
+
+    @staticmethod
+    def compacted_name(kind: str) -> str:
+        """The name of a study's compacted ``trials`` or ``history`` file in its folder."""
+        return f"{kind}.parquet"
+
+    @staticmethod
+    def fragment_name(trial_id: str) -> str:
+        """The name of one trial's fragment in a study's ``trials`` or ``history`` folder."""
+        return f"{FRAGMENT_PREFIX}{trial_id}.parquet"
 
     def table_dir(self, kind: str) -> str:
         """The study's folder of the ``trials`` or ``history`` dataset: its compacted file
@@ -283,7 +299,7 @@ class StudyPaths:
 
     def fragment(self, kind: str, trial_id: str) -> str:
         """One trial's rows of the ``trials`` or ``history`` dataset, written when it ends."""
-        return join(self.table_dir(kind), f"{FRAGMENT_PREFIX}{trial_id}.parquet")
+        return join(self.table_dir(kind), self.fragment_name(trial_id))
 
     @property
     def started_dir(self) -> str:
@@ -325,8 +341,19 @@ def table_files(paths: StudyPaths, kind: str) -> list[str]:
 
 def read_study_table(paths: StudyPaths, kind: str) -> pa.Table | None:
     """The study's whole ``trials`` or ``history`` table (None when it has none yet): its
-    compacted file and its per-trial fragments. A trial with a fragment is taken from it (a
-    driver killed while compacting leaves both for a moment; the fragment is the newer)."""
+    compacted file and its per-trial fragments. A trial with a fragment is taken from it (where
+    a compaction cannot swap the folder whole, a driver killed in the middle leaves both; the
+    fragment is the newer). A folder compacted while it is read is read again."""
+    for attempt in range(3):
+        try:
+            return _read_study_table(paths, kind)
+        except FileNotFoundError:  # listed, then compacted away before it was opened
+            if attempt == 2:
+                raise
+    raise AssertionError("unreachable")
+
+
+def _read_study_table(paths: StudyPaths, kind: str) -> pa.Table | None:
     fs, _ = resolve(paths.root)
     tables: list[pa.Table] = []
     fragment_ids: set[str] = set()
@@ -466,6 +493,66 @@ def read_json(uri: str) -> Any:
 def write_json(uri: str, obj: Any) -> None:
     """Write ``obj`` as JSON, atomically."""
     write_bytes(uri, json.dumps(obj, indent=1, sort_keys=True).encode())
+
+
+_RENAME_EXCHANGE = 2  # linux/fs.h: renameat2 swaps the two names, both must exist
+_AT_FDCWD = -100
+
+
+def _exchange(a: str, b: str) -> bool:
+    """Swap two paths in one atomic step (Linux's ``renameat2(RENAME_EXCHANGE)``); False where
+    the system or the filesystem cannot (then nothing changed)."""
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    return int(renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE)) == 0
+
+
+@contextlib.contextmanager
+def replaced_folder(uri: str) -> Iterator[str]:
+    """Yield a folder to write ``uri``'s new contents in; when the block ends, they replace the
+    folder's whole, and what is not among them goes.
+
+    On a local disk the new folder is a hidden sibling (readers skip names starting ``.``)
+    swapped in with one `_exchange`: a reader, or a driver killed at any moment, sees the old
+    files or the new ones, never a trial in both (pandas would read it twice). Where the swap
+    cannot be done (an object store, a filesystem without it) the new files are put in place one
+    by one, then the others are removed: a kill in between leaves both, which
+    `read_study_table` resolves and the next compaction removes."""
+    fs, path = resolve(uri)
+    head, _, base = uri.rstrip("/").rpartition("/")
+    staging = f"{head}/.{base}.new"  # hidden from readers, beside the folder (same filesystem)
+    if isinstance(fs, pafs.LocalFileSystem):
+        shutil.rmtree(resolve(staging)[1], ignore_errors=True)  # a kill's leftover
+        os.makedirs(resolve(staging)[1])
+    else:
+        fs.delete_dir_contents(resolve(staging)[1], missing_dir_ok=True)
+    try:
+        yield staging
+    except BaseException:  # the folder stays as it was; the half-written one goes
+        with contextlib.suppress(OSError):
+            fs.delete_dir(resolve(staging)[1])
+        raise
+    if isinstance(fs, pafs.LocalFileSystem):
+        os.makedirs(path, exist_ok=True)
+        if _exchange(resolve(staging)[1], path):
+            shutil.rmtree(resolve(staging)[1], ignore_errors=True)  # the old files, behind the hidden name
+            return
+    _, staged = resolve(staging)
+    listed = fs.get_file_info(pafs.FileSelector(staged, allow_not_found=True))
+    new = [i for i in listed if i.type == pafs.FileType.File]
+    for info in new:
+        fs.move(info.path, f"{path.rstrip('/')}/{info.base_name}")
+    names = {i.base_name for i in new}
+    for info in fs.get_file_info(pafs.FileSelector(path, allow_not_found=True)):
+        if info.type == pafs.FileType.File and info.base_name not in names:
+            fs.delete_file(info.path)
+    if isinstance(fs, pafs.LocalFileSystem):
+        shutil.rmtree(staged, ignore_errors=True)
 
 
 def write_parquet(uri: str, table: pa.Table) -> None:

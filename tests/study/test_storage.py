@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 
+import pandas as pd
 import pyarrow as pa
 import pytest
 
@@ -14,10 +16,12 @@ from study.storage import (
     StudyPaths,
     is_remote,
     is_shared,
+    join,
     list_studies,
     read_bytes,
     read_json,
     read_table,
+    replaced_folder,
     save_reports,
     to_uri,
     trial_reports,
@@ -122,3 +126,63 @@ def test_saved_reports_are_never_replaced_by_fewer(
     (staging / "result.json").write_text("")  # the restored trial's fresh staging copy
     save_reports(trial, reports)
     assert read_bytes(trial_reports(reports, "abc")) == b'{"iteration": 10}\n{"iteration": 20}\n'
+
+
+# -- a study's folder compacted whole ---------------------------------------------------------------
+def _rows(table_dir: str) -> list[int]:
+    return sorted(pd.read_parquet(table_dir.rsplit("/", 1)[0])["x"].tolist())
+
+
+def _compact(folder: str, new: dict[str, list[int]], check_inside: Callable[[], None] | None = None) -> None:
+    with replaced_folder(folder) as staging:
+        for name, xs in new.items():
+            write_parquet(join(staging, name), pa.table({"x": xs}))
+        if check_inside is not None:
+            check_inside()
+
+
+@pytest.mark.parametrize("swap", [True, False], ids=["swapped", "one-by-one"])
+def test_a_folder_replaced_whole_never_shows_a_row_twice(
+    tmp_path: Path, swap: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A compaction: the fragments' rows go into one file and the fragments go. Until the block
+    ends, pandas reads the old files only (the new ones are staged where readers do not look);
+    after, the new ones only. Without the swap (a filesystem without renameat2's exchange) the
+    result is the same, put in place file by file."""
+    if not swap:
+        monkeypatch.setattr("study.storage._exchange", lambda a, b: False)
+    folder = str(tmp_path / "history" / "study=s")
+    _compact(folder, {"history.parquet": [1, 2], "trial-c.parquet": [3], "trial-d.parquet": [4]})
+    assert _rows(folder) == [1, 2, 3, 4]
+
+    def still_old() -> None:
+        assert _rows(folder) == [1, 2, 3, 4]
+
+    _compact(folder, {"history.parquet": [1, 2, 3], "trial-d.parquet": [4]}, check_inside=still_old)
+    assert _rows(folder) == [1, 2, 3, 4]
+    assert sorted(os.listdir(folder)) == ["history.parquet", "trial-d.parquet"]  # trial-c went
+    assert sorted(os.listdir(tmp_path / "history")) == ["study=s"]  # no staging left behind
+
+
+def test_a_compaction_that_fails_leaves_the_folder_as_it_was(tmp_path: Path) -> None:
+    folder = str(tmp_path / "history" / "study=s")
+    _compact(folder, {"history.parquet": [1], "trial-b.parquet": [2]})
+    with pytest.raises(OSError, match="disk full"):
+
+        def fail() -> None:
+            raise OSError("disk full")
+
+        _compact(folder, {"history.parquet": [1, 2]}, check_inside=fail)
+    assert sorted(os.listdir(folder)) == ["history.parquet", "trial-b.parquet"]
+    assert _rows(folder) == [1, 2]
+    assert sorted(os.listdir(tmp_path / "history")) == ["study=s"]
+
+
+def test_a_folder_is_replaced_whole_on_s3(s3: S3) -> None:
+    bucket = s3.bucket()
+    folder = f"{bucket}/history/study=s"
+    _compact(folder, {"history.parquet": [1], "trial-b.parquet": [2], "trial-c.parquet": [3]})
+    _compact(folder, {"history.parquet": [1, 2], "trial-c.parquet": [3]})
+    assert sorted(f.rsplit("/", 1)[1] for f in s3.files(bucket)) == ["history.parquet", "trial-c.parquet"]
+    table = pa.concat_tables(read_table(f"s3://{f}") for f in s3.files(bucket))  # type: ignore[misc]
+    assert sorted(table.column("x").to_pylist()) == [1, 2, 3]
