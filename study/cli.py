@@ -416,6 +416,33 @@ def _check_device(device: str) -> None:
         _fail(f"--device {device!r}: ponder-study evaluates on cpu or cuda, not {dev.type}")
 
 
+_NEARLY_FULL = 1 << 20
+"""Free bytes under which a local storage's disk is taken as full, whatever the error said."""
+
+
+def _full_disk(error: BaseException, storage: str | None) -> tuple[str, str] | None:
+    """(where, how much is free) if ``error`` came from a full disk: an ENOSPC in the error or
+    one it was raised from (free then ""), or a local storage left with under 1 MiB free."""
+    import errno
+
+    seen: BaseException | None = error
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.errno == errno.ENOSPC:
+            return str(seen.filename or storage or "the storage"), ""
+        seen = seen.__cause__ or seen.__context__
+    if storage is None or "://" in storage:
+        return None
+    existing = Path(storage).absolute()
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    try:
+        fs = os.statvfs(existing)
+    except OSError:
+        return None
+    free = fs.f_bavail * fs.f_frsize
+    return (storage, f"{free // 1024} KiB free") if free < _NEARLY_FULL else None
+
+
 def _log_failure(name: str | None, storage: str | None) -> str:
     """The current exception's traceback in a log file, under the study where possible."""
     import tempfile
@@ -609,13 +636,13 @@ def _drive(args: argparse.Namespace, storage_arg: str | None, argv: Sequence[str
     except refused as e:
         _fail(str(e))
     except Exception as e:  # a full disk, a storage outage, a bug: one line, the traceback kept
-        import errno
-
         log = _log_failure(*(study or (None, None)))
-        if isinstance(e, OSError) and e.errno == errno.ENOSPC:
-            what = f"no space left on the device of {e.filename or (study[1] if study else 'the storage')}"
-        else:
-            what = " ".join(f"{type(e).__name__}: {e}".split())[:300]
+        what = " ".join(f"{type(e).__name__}: {e}".split())[:300]
+        if (full := _full_disk(e, study[1] if study else None)) is not None:
+            where, free = full
+            # a library that met the full disk first may have gone on and failed later, reading
+            # a file the disk cut short (Tune's copy of its state, seen: a JSONDecodeError)
+            what = f"no space left on the device of {where}" + (f" ({free}; then {what})" if free else "")
         print(f"{PROG}: error: {what} (traceback in {log}); once fixed, {hint()}", file=sys.stderr)
         return EXIT_ERROR
     finally:

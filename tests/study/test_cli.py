@@ -4,7 +4,9 @@ there is."""
 
 from __future__ import annotations
 
+import errno
 import hashlib
+import json
 import subprocess
 import sys
 import time
@@ -14,6 +16,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
+from study import cli as cli_module
 from study.cli import summary
 from study.spec import list_specs, load_spec, parse_spec
 from study.storage import StudyPaths, write_parquet
@@ -381,3 +384,28 @@ def test_evaluate_answers_a_wrong_trial_without_loading_torch(smoke: tuple[Path,
     done = cli("evaluate", "parity-smoke", "--trial", "nope", "--storage", str(storage))
     assert done.returncode == 2, done.stderr
     assert "no trial 'nope' in study 'parity-smoke'" in done.stderr.strip().splitlines()[-1], done.stderr
+
+
+def test_a_full_disk_is_named_whatever_error_it_caused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The one line says "no space left" for an ENOSPC raised from deeper down, and for any error
+    while the storage's disk is (nearly) full: a library that met the full disk first may have
+    gone on and then failed reading a file the disk cut short (a JSONDecodeError, seen in CI)."""
+    full = OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "x.json"))
+    try:
+        try:
+            raise full
+        except OSError as e:
+            raise RuntimeError("Tune could not save its state") from e
+    except RuntimeError as e:
+        assert cli_module._full_disk(e, str(tmp_path)) == (str(tmp_path / "x.json"), "")
+    try:
+        json.loads('{"trial_data": [1')
+    except ValueError as e:
+        torn = e
+    assert cli_module._full_disk(torn, str(tmp_path / "not" / "yet")) is None  # this disk has room
+    assert cli_module._full_disk(torn, "s3://bucket/x") is None
+    monkeypatch.setattr(cli_module, "_NEARLY_FULL", 1 << 62)  # every disk is "nearly full"
+    where, free = cli_module._full_disk(torn, str(tmp_path / "not" / "yet")) or ("", "")
+    assert where == str(tmp_path / "not" / "yet") and free.endswith("KiB free")
