@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from study.journal_copy import read_copy
 from study.spec import StudySpec
 from study.storage import StudyPaths, is_remote, read_bytes
 
@@ -78,7 +79,7 @@ def _journal_bytes(paths: StudyPaths) -> bytes | None:
     """The study's journal: the file beside the study, or on an object store the driver's copy."""
     if is_remote(paths.root):
         copy = paths.optuna_journal_copy
-        return read_bytes(copy) if copy is not None else None
+        return read_copy(copy) if copy is not None else None
     return read_bytes(paths.optuna_journal)
 
 

@@ -39,6 +39,7 @@ from ray.tune import Callback, CLIReporter
 from ray.tune.experiment import Trial
 from ray.tune.search import ConcurrencyLimiter
 
+from study import journal_copy
 from study.dataset import write_study_table
 from study.launch import crash_handler_back_for_ray_processes, raise_a_swallowed_stop
 from study.lease import hold_lease
@@ -485,29 +486,15 @@ def _run_config(spec: StudySpec, paths: StudyPaths, verbose: int) -> tune.RunCon
 
 
 def push_journal(paths: StudyPaths) -> None:
-    """Copy the driver's Optuna journal of a remote study into its study directory, so that a
-    resume from another machine (or a new head node) finds the search history."""
-    if paths.optuna_journal_copy is None or not Path(paths.optuna_journal).exists():
-        return
+    """Upload the Optuna journal's new lines to a remote study's directory (`study.journal_copy`),
+    so that a resume from another machine (or a new head node) finds the search history."""
     try:
-        write_bytes(paths.optuna_journal_copy, Path(paths.optuna_journal).read_bytes())
+        journal_copy.push(paths)
     except OSError:  # the next trial's end, or the study's, copies it again
         log.error(
             "could not copy the Optuna journal to %s; the next trial's end tries again",
             paths.optuna_journal_copy,
         )
-
-
-def pull_journal(paths: StudyPaths) -> None:
-    """Before a resume: take the study directory's journal if it holds more than the local one
-    (the journal is append-only, so the longer copy is the newer)."""
-    if paths.optuna_journal_copy is None:
-        return
-    remote = read_bytes(paths.optuna_journal_copy)
-    local = Path(paths.optuna_journal)
-    if remote is not None and (not local.exists() or local.stat().st_size < len(remote)):
-        local.parent.mkdir(parents=True, exist_ok=True)
-        local.write_bytes(remote)
 
 
 LAUNCHER_BOOTSTRAP = Path("~/ray_bootstrap_config.yaml")
@@ -666,11 +653,12 @@ def check_whole(paths: StudyPaths, spec: StudySpec) -> None:
     its Optuna journal and, once trials have ended, Tune's experiment must be where it is."""
     journal = paths.optuna_journal_copy or paths.optuna_journal
     ended = read_end_records(paths)
+    has_journal = Path(paths.optuna_journal).exists() or journal_copy.read_copy(journal) is not None
     # Tune's folder, whole or not: a resume killed after setting a torn tuner.pkl aside leaves
     # one without it, which the next resume recovers from the records (`_restorable`)
     fs, experiment = resolve(paths.experiment)
     has_tune = fs.get_file_info(experiment).type == pafs.FileType.Directory
-    if (ended or has_tune) and read_bytes(journal) is None and not Path(paths.optuna_journal).exists():
+    if (ended or has_tune) and not has_journal:
         raise StudyError(
             f"study {paths.name!r} under {paths.root} is incomplete: its Optuna journal {journal} is missing "
             "(copy the whole study folder: studies/, tune/, trials/, history/)"
@@ -1023,7 +1011,7 @@ def _fit(
     warm_start: Sequence[Mapping[str, Any]] = (),
 ) -> StudyOutcome:
     _init_ray(address, paths)
-    pull_journal(paths)
+    journal_copy.pull(paths)
     if repair_journal(paths.optuna_journal):
         log.warning("the Optuna journal ended in a torn write (a full disk, a kill); it was cut back")
     # A restored trial that had already ended returns without reporting (nothing runs twice);
@@ -1069,7 +1057,7 @@ def _fit(
     finally:  # and once more from the records and Tune's saved state, however fit ended
         try:
             records = _export_experiment(spec, paths)
-            push_journal(paths)
+            journal_copy.fold(paths)  # the whole journal, its parts gone
         except Exception as e:
             if not failed:
                 raise
@@ -1079,7 +1067,7 @@ def _fit(
         statuses.get("running") or statuses.get("pending") or statuses.get("errored")
     )
     if finished and fail_orphaned_optuna_trials(spec, paths):
-        push_journal(paths)
+        journal_copy.fold(paths)
     return StudyOutcome(spec, paths, statuses, finished)
 
 

@@ -9,9 +9,10 @@ from types import SimpleNamespace
 
 import pandas as pd
 import pyarrow as pa
+import pyarrow.fs as pafs
 import pytest
 
-from study.runner import pull_journal, push_journal
+from study import journal_copy
 from study.storage import (
     StudyPaths,
     is_remote,
@@ -22,6 +23,7 @@ from study.storage import (
     read_json,
     read_table,
     replaced_folder,
+    resolve,
     save_reports,
     to_uri,
     trial_reports,
@@ -86,23 +88,53 @@ def test_list_studies_on_a_local_root(tmp_path: Path) -> None:
 def test_a_remote_studys_journal_follows_it_to_another_machine(
     s3: S3, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The driver's journal is copied to the study directory; a driver elsewhere (another
-    cache) takes it back before resuming, and never replaces a longer local journal."""
+    """The driver's journal is copied to the study directory, each trial end's new lines as one
+    part (its cost does not grow with the journal); a driver elsewhere (another cache) takes it
+    back before resuming, and never replaces a longer local journal; a fold leaves one file."""
     paths = StudyPaths(f"{s3.bucket()}/ponder", "s")
-    assert paths.optuna_journal.startswith(os.environ["PONDER_STUDY_CACHE"])
-    Path(paths.optuna_journal).parent.mkdir(parents=True, exist_ok=True)
-    Path(paths.optuna_journal).write_bytes(b"line 1\nline 2\n")
-    push_journal(paths)
-    assert paths.optuna_journal_copy is not None
-    assert read_bytes(paths.optuna_journal_copy) == b"line 1\nline 2\n"
+    copy = paths.optuna_journal_copy
+    assert copy is not None and paths.optuna_journal.startswith(os.environ["PONDER_STUDY_CACHE"])
+    local = Path(paths.optuna_journal)
+    local.parent.mkdir(parents=True, exist_ok=True)
+    local.write_bytes(b"line 1\nline 2\n")
+    journal_copy.push(paths)
+    with local.open("ab") as f:
+        f.write(b"line 3\nline 4 being writ")  # Optuna is writing line 4: it is not copied yet
+    journal_copy.push(paths)
+    parts = sorted(p.rsplit("/", 1)[1] for p in s3.files(journal_copy.parts_dir(copy)))
+    assert parts == [f"{0:016d}", f"{14:016d}"]  # each push uploaded only what was new
+    assert read_bytes(f"{journal_copy.parts_dir(copy)}/{14:016d}") == b"line 3\n"
+    assert read_bytes(copy) is None and journal_copy.read_copy(copy) == b"line 1\nline 2\nline 3\n"
 
-    monkeypatch.setenv("PONDER_STUDY_CACHE", str(tmp_path / "other-machine"))
-    assert not Path(paths.optuna_journal).exists()
-    pull_journal(paths)
-    assert Path(paths.optuna_journal).read_bytes() == b"line 1\nline 2\n"
-    Path(paths.optuna_journal).write_bytes(b"line 1\nline 2\nline 3\n")  # this driver went on
-    pull_journal(paths)
+    monkeypatch.setenv("PONDER_STUDY_CACHE", str(tmp_path / "other-machine"))  # a driver killed
+    assert not Path(paths.optuna_journal).exists()  # before its fold; the resume runs elsewhere
+    journal_copy.pull(paths)
     assert Path(paths.optuna_journal).read_bytes() == b"line 1\nline 2\nline 3\n"
+    Path(paths.optuna_journal).write_bytes(b"line 1\nline 2\nline 3\nline 4\n")  # this driver went on
+    journal_copy.pull(paths)
+    assert Path(paths.optuna_journal).read_bytes() == b"line 1\nline 2\nline 3\nline 4\n"
+    journal_copy.push(paths)  # continues the parts where the first machine's driver left them
+    assert journal_copy.read_copy(copy) == b"line 1\nline 2\nline 3\nline 4\n"
+    journal_copy.fold(paths)  # the run's end: one file, what optuna-dashboard opens
+    assert [p.rsplit("/", 1)[1] for p in s3.files(f"{copy}.parts")] == []
+    assert read_bytes(copy) == journal_copy.read_copy(copy) == b"line 1\nline 2\nline 3\nline 4\n"
+
+
+def test_a_downloaded_studys_journal_parts_are_folded_into_it(tmp_path: Path) -> None:
+    """A study copied from a bucket whose driver was killed holds its journal's newest lines in
+    parts beside it; on the local disk the resume folds them into the journal."""
+    paths = StudyPaths(str(tmp_path), "s")
+    journal = Path(paths.optuna_journal)
+    journal.parent.mkdir(parents=True)
+    journal.write_bytes(b"a\nb\n")
+    parts = Path(journal_copy.parts_dir(paths.optuna_journal))
+    parts.mkdir()
+    (parts / f"{0:016d}").write_bytes(b"a\n")  # written before the last fold: already in the base
+    (parts / f"{4:016d}").write_bytes(b"c\n")
+    (parts / f"{9:016d}").write_bytes(b"z\n")  # after a gap (a part never uploaded): not taken
+    journal_copy.pull(paths)
+    assert journal.read_bytes() == b"a\nb\nc\n"
+    assert not list(parts.iterdir())
 
 
 @pytest.mark.parametrize("where", ["local", "s3"])
@@ -186,3 +218,13 @@ def test_a_folder_is_replaced_whole_on_s3(s3: S3) -> None:
     assert sorted(f.rsplit("/", 1)[1] for f in s3.files(bucket)) == ["history.parquet", "trial-c.parquet"]
     table = pa.concat_tables(read_table(f"s3://{f}") for f in s3.files(bucket))  # type: ignore[misc]
     assert sorted(table.column("x").to_pylist()) == [1, 2, 3]
+
+
+def test_a_buckets_filesystem_is_built_once_and_paths_resolve_as_pyarrow_does(s3: S3) -> None:
+    bucket = s3.bucket()
+    uris = [bucket, f"{bucket}/", f"{bucket}/a", f"{bucket}/a/b.json", f"{bucket}/a/dir/"]
+    for uri in uris:
+        assert resolve(uri)[1] == pafs.FileSystem.from_uri(uri)[1], uri
+    assert len({id(resolve(uri)[0]) for uri in uris}) == 1
+    write_bytes(f"{bucket}/a/b.json", b"{}")
+    assert read_bytes(f"{bucket}/a/b.json") == b"{}"
