@@ -7,12 +7,14 @@ from pathlib import Path
 
 from ray.tune.schedulers import TrialScheduler
 
-from study.asha_state import log_uri, read_state
+from study.asha_state import FOLD_EVERY, log_uri, parts_dir, read_state
 from study.scheduler import stopped_trials
+from study.storage import read_bytes
+from tests.study.conftest import S3
 from tests.study.test_scheduler import _asha, _report, _trial
 
 
-def _filled(state: Path, n: int) -> tuple[object, list[object]]:
+def _filled(state: Path | str, n: int) -> tuple[object, list[object]]:
     """A scheduler that saw ``n`` trials reach the first rung, each worse than the one before:
     those below the rung's cutoff stopped there."""
     s = _asha(state)
@@ -73,3 +75,21 @@ def test_a_change_costs_the_same_in_a_large_study_as_in_a_small_one(tmp_path: Pa
         appended.append(log.stat().st_size - before)
         assert state.stat().st_mtime_ns == whole.st_mtime_ns and state.stat().st_size == whole.st_size
     assert appended[0] == appended[1] < 100
+
+
+def test_on_an_object_store_each_save_is_one_object_and_the_state_is_written_whole_every_64(s3: S3) -> None:
+    """S3 has no append: each save is one small object, read back with the whole state; every
+    FOLD_EVERY saves the state is written whole and the objects go, so a save's cost does not
+    grow with the study and a reader reads at most FOLD_EVERY of them."""
+    state = f"{s3.bucket()}/studies/s/asha.json"
+    s, _ = _filled(state, 40)  # about 100 saves: one fold in the middle
+    parts = s3.files(parts_dir(state))
+    assert 0 < len(parts) < FOLD_EVERY
+    whole = json.loads(read_bytes(state) or b"{}")
+    assert whole["assigned"] and len(whole["assigned"]) < 40  # folded once, mid-study
+    assert read_state(state) == s._state()  # type: ignore[attr-defined]
+    assert stopped_trials(state) == set(s._stopped) and s._stopped  # type: ignore[attr-defined]
+    again = _asha(state)  # type: ignore[arg-type]  # the next driver folds what is left
+    again.on_trial_add(None, _trial("t9999"))  # type: ignore[arg-type]
+    assert json.loads(read_bytes(state) or b"{}")["stopped"] == sorted(s._stopped)  # type: ignore[attr-defined]
+    assert len(s3.files(parts_dir(state))) == 1  # the new trial's assignment only
