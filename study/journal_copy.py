@@ -127,6 +127,7 @@ def pull(paths: StudyPaths) -> None:
     grows, so the longer is the newer). A study on a local disk downloaded from an object store
     may carry parts beside its journal: they are folded into it."""
     copy = paths.optuna_journal_copy or paths.optuna_journal
+    _pushed.pop(copy, None)  # another driver may have copied since: the next push lists again
     local = Path(paths.optuna_journal)
     remote = read_copy(copy)
     if remote is not None and (not local.exists() or local.stat().st_size < len(remote)):
