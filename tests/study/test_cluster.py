@@ -87,6 +87,13 @@ def test_local_storage_is_refused_on_a_multi_node_cluster(
         monkeypatch.setenv("RAY_ADDRESS", cluster.address)
     else:
         args += ["--address", cluster.address if join.endswith("ADDRESS") else "auto"]
+    if join == "--address auto":
+        # `auto` joins the instance this machine's Ray last started (/tmp/ray/ray_current_cluster):
+        # another test process starting its own since the fixture did made it a 1-node instance
+        # (seen in CI here); pointed back now, the window is the driver's own start-up
+        from ray._private.utils import write_ray_address
+
+        write_ray_address(cluster.address)
     done = cli(*args)
     assert done.returncode == 2, done.stderr[-2000:]
     lines = done.stderr.strip().splitlines()
