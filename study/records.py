@@ -110,7 +110,10 @@ def has_ended(paths: StudyPaths, trial_id: str) -> bool:
     """Whether the trial ended for good: what the trainable checks before it trains."""
     if read_bytes(paths.end_record(trial_id)) is not None:
         return True
-    legacy_stopped = (read_state(paths.asha) or {}).get("stopped", [])
+    # a stop from before end records is in asha.json itself (then written whole); a later stop
+    # has its end record, written before the stop is saved: the changes saved since (a log, or
+    # on an object store up to FOLD_EVERY objects) need not be read at every trial's start
+    legacy_stopped = (read_json(paths.asha) or {}).get("stopped", [])
     return trial_id in (read_json(paths.ended) or {}) or trial_id in legacy_stopped
 
 

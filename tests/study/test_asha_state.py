@@ -7,9 +7,10 @@ from pathlib import Path
 
 from ray.tune.schedulers import TrialScheduler
 
-from study.asha_state import FOLD_EVERY, log_uri, parts_dir, read_state
+from study.asha_state import FOLD_EVERY, log_uri, parts_dir, read_state, save_changes, write_state
+from study.records import EndRecord, has_ended, write_end_record
 from study.scheduler import stopped_trials
-from study.storage import read_bytes
+from study.storage import StudyPaths, read_bytes
 from tests.study.conftest import S3
 from tests.study.test_scheduler import _asha, _report, _trial
 
@@ -93,3 +94,16 @@ def test_on_an_object_store_each_save_is_one_object_and_the_state_is_written_who
     again.on_trial_add(None, _trial("t9999"))  # type: ignore[arg-type]
     assert json.loads(read_bytes(state) or b"{}")["stopped"] == sorted(s._stopped)  # type: ignore[attr-defined]
     assert len(s3.files(parts_dir(state))) == 1  # the new trial's assignment only
+
+
+def test_has_ended_reads_end_records_and_the_legacy_stops_in_asha_json_only(tmp_path: Path) -> None:
+    """The trainable asks at every trial's start. A stop since end records exist has its end
+    record written before the stop is saved, so the saved changes (a log, or on S3 up to
+    FOLD_EVERY objects) are not read; a stop from before end records is in asha.json itself."""
+    paths = StudyPaths(str(tmp_path), "s")
+    write_state(paths.asha, {"version": 1, "brackets": [], "stopped": ["legacy"], "assigned": {}})
+    write_end_record(paths, EndRecord(trial_id="ended", outcome="early_stopped"))
+    save_changes(paths.asha, [["stop", "ended"], ["stop", "log-only"]], dict)
+    assert has_ended(paths, "ended") and has_ended(paths, "legacy")
+    assert not has_ended(paths, "fresh")
+    assert not has_ended(paths, "log-only")  # cannot happen: its end record would come first
