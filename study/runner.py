@@ -485,14 +485,18 @@ def _run_config(spec: StudySpec, paths: StudyPaths, verbose: int) -> tune.RunCon
     )
 
 
-def push_journal(paths: StudyPaths) -> None:
+def push_journal(paths: StudyPaths, whole: bool = False) -> None:
     """Upload the Optuna journal's new lines to a remote study's directory (`study.journal_copy`),
-    so that a resume from another machine (or a new head node) finds the search history."""
+    or with ``whole`` the whole journal, its parts removed (a run's end), so that a resume from
+    another machine (or a new head node) finds the search history."""
     try:
-        journal_copy.push(paths)
+        if whole:
+            journal_copy.fold(paths)
+        else:
+            journal_copy.push(paths)
     except OSError:  # the next trial's end, or the study's, copies it again
         log.error(
-            "could not copy the Optuna journal to %s; the next trial's end tries again",
+            "could not copy the Optuna journal to %s; the next trial's end, or the next run's, tries again",
             paths.optuna_journal_copy,
         )
 
@@ -1057,7 +1061,7 @@ def _fit(
     finally:  # and once more from the records and Tune's saved state, however fit ended
         try:
             records = _export_experiment(spec, paths)
-            journal_copy.fold(paths)  # the whole journal, its parts gone
+            push_journal(paths, whole=True)
         except Exception as e:
             if not failed:
                 raise
@@ -1067,7 +1071,7 @@ def _fit(
         statuses.get("running") or statuses.get("pending") or statuses.get("errored")
     )
     if finished and fail_orphaned_optuna_trials(spec, paths):
-        journal_copy.fold(paths)
+        push_journal(paths, whole=True)
     return StudyOutcome(spec, paths, statuses, finished)
 
 
