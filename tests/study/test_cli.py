@@ -409,3 +409,33 @@ def test_a_full_disk_is_named_whatever_error_it_caused(
     monkeypatch.setattr(cli_module, "_NEARLY_FULL", 1 << 62)  # every disk is "nearly full"
     where, free = cli_module._full_disk(torn, str(tmp_path / "not" / "yet")) or ("", "")
     assert where == str(tmp_path / "not" / "yet") and free.endswith("KiB free")
+
+
+@pytest.mark.parametrize("exit_by", ["entry", "sys.exit"])
+def test_the_command_exits_past_the_interpreters_c_teardown(exit_by: str) -> None:
+    """`study.cli.entry` runs Python's exit work (atexit handlers, flushed streams) and then skips
+    the interpreter's finalization, where libtorch and pyarrow together can abort (exit 134): an
+    object still alive at exit is never finalized. ``sys.exit``, the control, finalizes it, so
+    the check can tell the two apart."""
+    end = "study.cli.entry()" if exit_by == "entry" else "print(1, flush=True); sys.exit(0)"
+    code = (
+        "import atexit, sys\n"
+        "import study.cli\n"
+        "class Alive:\n"
+        "    def __del__(self):\n"
+        "        print('finalized', flush=True)\n"
+        "alive = Alive()\n"
+        "atexit.register(lambda: print('atexit ran', flush=True))\n"
+        "sys.argv = ['ponder-study', 'schema']\n"
+        f"{end}\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stdout.rstrip().splitlines()
+    assert "atexit ran" in lines, done.stdout[-500:]
+    if exit_by == "entry":
+        assert lines[-1] == "atexit ran" and "finalized" not in lines, lines[-3:]
+        schema = json.loads(done.stdout[: done.stdout.rindex("atexit ran")])  # printed whole first
+        assert schema["$schema"].startswith("https://json-schema.org/")
+    else:
+        assert lines[-1] == "finalized", lines[-3:]

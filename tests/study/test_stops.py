@@ -17,7 +17,7 @@ import pytest
 
 from study.spec import MAX_NAME_LENGTH, load_spec
 from study.storage import StorageError, StudyPaths, expand_storage
-from tests.study.conftest import CLI, REPO, S3, Driver, cli, trials
+from tests.study.conftest import CLI, REPO, S3, Driver, cli, driver_env, trials
 
 ENDED = ["completed", "early_stopped", "diverged"]
 
@@ -113,14 +113,18 @@ def test_evaluate_checks_the_device_before_the_checkpoint(smoke: tuple[Path, obj
 
 def test_evaluate_refused_after_loading_torch_never_aborts(smoke: tuple[Path, object]) -> None:
     """Torch and pyarrow in one process aborted at exit ("terminate called without an active
-    exception", exit 134) once in three runs under load: 50 runs, three at a time, of a refusal
-    made after both are loaded (the trial read from Parquet, then torch asked for CUDA)."""
+    exception", exit 134) about 4 runs in 10 under load: 12 runs, three at a time, of a refusal
+    made after both are loaded (the trial read from Parquet, then torch asked for CUDA). At that
+    rate 12 clean runs happen by chance with probability 0.6^12 = 0.2 %; the mechanism itself,
+    an exit past the C-level teardown, is checked exactly by test_cli's
+    `test_the_command_exits_past_the_interpreters_c_teardown` (50 runs here took a minute of
+    both cores in every suite)."""
     storage, _ = smoke
     args = ("evaluate", "parity-smoke", "--device", "cuda:7", "--storage", str(storage))
     with ThreadPoolExecutor(3) as pool:
-        runs = list(pool.map(lambda _: cli(*args), range(50)))
+        runs = list(pool.map(lambda _: cli(*args), range(12)))
     codes = [r.returncode for r in runs]
-    assert codes == [2] * 50, (codes, {r.stderr for r in runs if r.returncode != 2})
+    assert codes == [2] * 12, (codes, {r.stderr for r in runs if r.returncode != 2})
     assert all("terminate called" not in r.stderr for r in runs)
 
 
@@ -146,12 +150,13 @@ def test_run_help_names_the_specs_storage() -> None:
 
 # -- hints that work when pasted ------------------------------------------------------------------
 def _paste(line: str, marker: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    """Run the command a line gives after ``marker`` in bash, as a user pasting it would."""
+    """Run the command a line gives after ``marker`` in bash, as a user pasting it would (a user
+    whose shell joins the tests' Ray instance, ``RAY_ADDRESS``, as `cli` does)."""
     rest = line.split(marker, 1)[1].strip()
     command = rest.split("`")[1] if rest.startswith("`") else rest  # `quoted`, or the rest of the line
     assert command.startswith("ponder-study "), command
     bin_dir = Path(sys.executable).parent
-    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    env = driver_env(shlex.split(command)[1:], {"PATH": f"{bin_dir}:{os.environ['PATH']}"})
     return subprocess.run(
         ["bash", "-c", command], capture_output=True, text=True, cwd=cwd, env=env, timeout=300
     )
