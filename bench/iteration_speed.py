@@ -16,7 +16,7 @@ shapes and thread count (``--cache DIR`` picks the cache; default the one trials
 Prints each mode's median and, as its last line, ``speedup <seeds / mode>`` for the mode a
 parity trial with the default config uses on this device (`ponder.compiled.should_compile`).
 
-    .venv/bin/python bench/iteration_speed.py [--iterations 1000] [--rounds 5] [--threads 2]
+    .venv/bin/python bench/iteration_speed.py [--iterations 1000] [--rounds 5] [--threads 2] [--task mnist]
         [--modes seeds,eager,compiled] [--cache DIR]
 """
 
@@ -36,11 +36,15 @@ import torch
 
 HERE = Path(__file__).resolve().parent
 SHAPES = {"n_elems": 15, "max_steps": 20, "batch_size": 128, "n_hidden": 64}
+MNIST_SHAPES = {"max_steps": 20, "batch_size": 128, "n_hidden": 64}
+"""MNIST (``--task mnist``): the CNN + MLP step at the config's defaults otherwise (embedding 64)."""
 MODES = ("seeds", "eager", "compiled")
 NAMES = {"seeds": "seeds' formulation", "eager": "ponder, eager", "compiled": "ponder, compiled"}
 
 
-def worker(which: str, iterations: int, warmup: int, threads: int) -> dict[str, list[float] | float]:
+def worker(
+    which: str, iterations: int, warmup: int, threads: int, task: str = "parity"
+) -> dict[str, list[float] | float]:
     """Seconds per training iteration of one mode, the first iteration's seconds (the compile, for
     ``compiled``), and page faults per iteration, in this process."""
     torch.set_num_threads(threads)
@@ -51,10 +55,13 @@ def worker(which: str, iterations: int, warmup: int, threads: int) -> dict[str, 
 
         step = SeedsTrainer(**SHAPES, lambda_p=0.2, beta=0.01, lr=3e-4).step
     else:
-        from ponder import ParityConfig, Trainer
+        from ponder import MnistConfig, ParityConfig, Trainer
 
         compile = "on" if which == "compiled" else "off"
-        config = ParityConfig(**SHAPES, lr=3e-4, device="cpu", compile=compile)
+        if task == "mnist":
+            config: ParityConfig | MnistConfig = MnistConfig(**MNIST_SHAPES, device="cpu", compile=compile)
+        else:
+            config = ParityConfig(**SHAPES, lr=3e-4, device="cpu", compile=compile)
         step = Trainer(config).train_step  # type: ignore[assignment]
     start = time.perf_counter()
     step()
@@ -90,15 +97,21 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     parser.add_argument("--modes", default=",".join(MODES), help="comma-separated, of " + ", ".join(MODES))
     parser.add_argument("--cache", help="Inductor cache directory (default: the one trials share)")
+    parser.add_argument(
+        "--task",
+        choices=("parity", "mnist"),
+        default="parity",
+        help="mnist: the CNN + MLP step, eager against compiled (no seeds' baseline for it here)",
+    )
     parser.add_argument("--worker", choices=MODES, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        print(json.dumps(worker(args.worker, args.iterations, args.warmup, args.threads)))
+        print(json.dumps(worker(args.worker, args.iterations, args.warmup, args.threads, args.task)))
         return
     if args.cache:
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(Path(args.cache).resolve())
 
-    modes = [m for m in MODES if m in args.modes.split(",")]
+    modes = [m for m in MODES if m in args.modes.split(",") and not (args.task == "mnist" and m == "seeds")]
     per_round = max(1, args.iterations // args.rounds)
     times: dict[str, list[float]] = {m: [] for m in modes}
     faults: dict[str, list[float]] = {m: [] for m in modes}
@@ -106,7 +119,7 @@ def main() -> None:
     for r in range(args.rounds):
         for which in modes:
             cmd = [sys.executable, __file__, "--worker", which, "--iterations", str(per_round)]
-            cmd += ["--warmup", str(args.warmup), "--threads", str(args.threads)]
+            cmd += ["--warmup", str(args.warmup), "--threads", str(args.threads), "--task", args.task]
             out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
             result = json.loads(out)
             times[which] += result["times"]
@@ -116,7 +129,9 @@ def main() -> None:
             print(f"round {r + 1}/{args.rounds} {which:8s} median {median:6.2f} ms", end="")
             print(f", {result['faults']:.0f} page faults/iteration, first iteration {result['first']:.1f} s")
 
-    print(f"shapes: {SHAPES}, CPU, {args.threads} threads, {len(times[modes[0]])} iterations each")
+    shapes = MNIST_SHAPES if args.task == "mnist" else SHAPES
+    n_timed = len(times[modes[0]])
+    print(f"{args.task} shapes: {shapes}, CPU, {args.threads} threads, {n_timed} iterations each")
     ms = {m: statistics.median(times[m]) * 1e3 for m in modes}
     for m in modes:
         page_faults = statistics.mean(faults[m])
@@ -125,6 +140,10 @@ def main() -> None:
         first, *rest = firsts["compiled"]
         warm = f", later rounds (warm cache) median {statistics.median(rest):.1f} s" if rest else ""
         print(f"compile (first iteration of a compiled worker): first round {first:.1f} s{warm}")
+    if args.task == "mnist":
+        if {"eager", "compiled"} <= set(modes):
+            print(f"compiled speedup over eager {ms['eager'] / ms['compiled']:.2f}")
+        return
     mode = default_mode()
     if "seeds" in modes and mode in modes:
         print(f"default mode for a parity trial on the CPU: {mode}")
