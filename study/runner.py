@@ -66,6 +66,7 @@ from study.storage import (
     read_table,
     replaced_folder,
     resolve,
+    share_filesystems_when_copied,
     to_uri,
     trial_reports,
     write_bytes,
@@ -1015,6 +1016,7 @@ def _fit(
     warm_start: Sequence[Mapping[str, Any]] = (),
 ) -> StudyOutcome:
     _init_ray(address, paths)
+    share_filesystems_when_copied()  # Tune copies its spec, and the filesystem, for each new trial
     journal_copy.pull(paths)
     if repair_journal(paths.optuna_journal):
         log.warning("the Optuna journal ended in a torn write (a full disk, a kill); it was cut back")

@@ -35,6 +35,7 @@ keeps it on its own disk (`journal_cache`) and copies it to the study directory 
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import os
 import re
@@ -71,6 +72,7 @@ __all__ = [
     "replaced_folder",
     "resolve",
     "save_reports",
+    "share_filesystems_when_copied",
     "table_files",
     "to_uri",
     "trial_reports",
@@ -198,6 +200,26 @@ def resolve(uri: str) -> tuple[pafs.FileSystem, str]:
         _FILESYSTEMS[key] = fs
         return fs, path
     return fs, rest.rstrip("/")
+
+
+def _shared(fs: pafs.FileSystem, memo: dict[int, Any]) -> pafs.FileSystem:
+    return fs
+
+
+def share_filesystems_when_copied() -> None:
+    """Make ``copy.deepcopy`` of pyarrow's S3 filesystem return that filesystem (for the driver,
+    before Tune starts).
+
+    Tune deep-copies its experiment's spec for every trial it creates, and the spec holds the
+    storage's filesystem. A copied S3FileSystem built a new S3 client, and a new client takes
+    pyarrow's process-wide S3 lock exclusively, which every request of every client holds shared
+    while it runs: it waits for a moment when no request is in flight, rare while Tune uploads
+    the experiment in the background (every trial's files, at each sync). One copy took 0.1 ms
+    idle and up to 0.85 s beside a ``copy_files``; a trial's start, 50 ms shared and 0.07 to
+    1.0 s copied (bench/driver_scale.py --s3, 20-trial windows at N = 100 and 500). A pyarrow
+    filesystem is immutable and thread-safe, so one shared does what a copy did; pickling (a
+    trial sent to its worker) is unchanged."""
+    copy._deepcopy_dispatch[pafs.S3FileSystem] = _shared  # type: ignore[attr-defined]
 
 
 def join(root: str, *parts: str) -> str:
@@ -335,13 +357,50 @@ class StudyPaths:
 
 
 def read_bytes(uri: str) -> bytes | None:
-    """The file's bytes, or None when there is no such file."""
+    """The file's bytes, or None when there is no such file. On an object store the file is
+    opened at once (one HEAD, one GET; a missing key is one HEAD), see `_file_size`."""
     fs, path = resolve(uri)
-    if fs.get_file_info(path).type != pafs.FileType.File:
-        return None
-    with fs.open_input_stream(path) as f:
-        data: bytes = f.readall()
-    return data
+    if isinstance(fs, pafs.LocalFileSystem):
+        if fs.get_file_info(path).type != pafs.FileType.File:
+            return None
+        with fs.open_input_stream(path) as f:
+            data: bytes = f.readall()
+        return data
+    try:
+        with fs.open_input_stream(path) as f:
+            found: bytes = f.readall()
+    except OSError as e:
+        if _missing(fs, path, e):
+            return None
+        raise
+    return found
+
+
+def _missing(fs: pafs.FileSystem, path: str, error: OSError) -> bool:
+    """Whether ``error``, raised opening ``path`` on an object store, says there is no file
+    there: S3 raises FileNotFoundError (for a "directory", a prefix, too); for another store's
+    way of saying it, its listing is asked."""
+    return isinstance(error, FileNotFoundError) or fs.get_file_info(path).type != pafs.FileType.File
+
+
+def _file_size(fs: pafs.FileSystem, path: str) -> int | None:
+    """The size of the file at ``path``, or None when there is none.
+
+    On an object store, one HEAD request: ``get_file_info`` on a missing key also lists the
+    prefix ``key/`` (to tell a "directory"), and the driver asks about missing keys at every
+    trial's start and end (its started and end records, its saved reports). A listing's cost
+    grows with the bucket on moto's S3 server (bench/driver_scale.py --s3: 3 ms at 100 trials,
+    10 ms at 500), which a HEAD's does not."""
+    if isinstance(fs, pafs.LocalFileSystem):
+        info = fs.get_file_info(path)
+        return (info.size or 0) if info.type == pafs.FileType.File else None
+    try:
+        with fs.open_input_file(path) as f:  # a HEAD; nothing is read
+            return int(f.size())
+    except OSError as e:
+        if _missing(fs, path, e):
+            return None
+        raise
 
 
 FRAGMENT_PREFIX = "trial-"
@@ -467,7 +526,7 @@ def create_bytes(uri: str, data: bytes) -> bool:
         finally:
             Path(tmp).unlink(missing_ok=True)
         return True
-    if fs.get_file_info(path).type == pafs.FileType.File:
+    if _file_size(fs, path) is not None:
         return False
     _write(fs, path, data)
     return True
@@ -492,9 +551,9 @@ def save_reports(trial: Any, reports_dir: str) -> None:
     data = Path(local_dir, "result.json").read_bytes()
     uri = trial_reports(reports_dir, trial.trial_id)
     fs, path = resolve(uri)
-    saved = fs.get_file_info(path)
+    saved = _file_size(fs, path)
     # a restored trial that had ended returns without reporting: its staging copy is empty
-    if saved.type == pafs.FileType.File and (saved.size or 0) >= len(data):
+    if saved is not None and saved >= len(data):
         return
     write_bytes(uri, data)
 

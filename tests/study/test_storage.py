@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import copy
 import os
+import pickle
 from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
@@ -15,6 +17,7 @@ import pytest
 from study import journal_copy
 from study.storage import (
     StudyPaths,
+    create_bytes,
     is_remote,
     is_shared,
     join,
@@ -25,6 +28,7 @@ from study.storage import (
     replaced_folder,
     resolve,
     save_reports,
+    share_filesystems_when_copied,
     to_uri,
     trial_reports,
     write_bytes,
@@ -158,6 +162,51 @@ def test_saved_reports_are_never_replaced_by_fewer(
     (staging / "result.json").write_text("")  # the restored trial's fresh staging copy
     save_reports(trial, reports)
     assert read_bytes(trial_reports(reports, "abc")) == b'{"iteration": 10}\n{"iteration": 20}\n'
+
+
+def test_asking_for_a_missing_file_lists_nothing_on_s3(
+    s3: S3, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A trial's start and end ask for files that are not there yet (its started and end records,
+    its saved reports): one HEAD each. pyarrow's ``get_file_info`` also lists ``key/`` for a
+    missing key, and a listing costs more the more the bucket holds (moto scans it whole)."""
+    from moto.s3.models import S3Backend
+
+    listed: list[object] = []
+    list_objects = S3Backend.list_objects
+
+    def counted(self: S3Backend, *args: object, **kwargs: object) -> object:
+        listed.append(args)
+        return list_objects(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    paths = StudyPaths(f"{s3.bucket()}/p", "study")
+    staging = tmp_path / "staging"
+    staging.mkdir()
+    (staging / "result.json").write_text('{"iteration": 10}\n')
+    monkeypatch.setattr(S3Backend, "list_objects", counted)
+    assert read_bytes(paths.end_record("abc")) is None
+    assert create_bytes(paths.end_record("abc"), b"first")
+    assert read_bytes(paths.ended_dir) is None  # a "directory" (a prefix) is no file either
+    assert not create_bytes(paths.end_record("abc"), b"second")
+    assert read_bytes(paths.end_record("abc")) == b"first"
+    save_reports(SimpleNamespace(trial_id="abc", local_path=str(staging)), paths.reports_dir)
+    save_reports(SimpleNamespace(trial_id="abc", local_path=str(staging)), paths.reports_dir)
+    assert read_bytes(trial_reports(paths.reports_dir, "abc")) == b'{"iteration": 10}\n'
+    assert listed == []
+
+
+def test_a_copied_s3_filesystem_is_the_same_one(s3: S3) -> None:
+    """Tune deep-copies its experiment's spec, and the storage's filesystem in it, for every trial
+    it creates; a copied S3 filesystem built a new S3 client, which waits for a moment when no
+    request of any client is in flight (pyarrow's S3 lock). The driver shares the filesystem."""
+    fs = s3.fs()
+    share_filesystems_when_copied()
+    spec = {"storage": SimpleNamespace(storage_filesystem=fs), "config": {"x": [1]}}
+    copied = copy.deepcopy(spec)
+    assert copied["storage"].storage_filesystem is fs
+    assert copied["config"] == spec["config"] and copied["config"] is not spec["config"]
+    unpickled = pickle.loads(pickle.dumps(fs))  # sent to a worker: a filesystem of its own, as before
+    assert unpickled is not fs and unpickled.equals(fs)
 
 
 # -- a study's folder compacted whole ---------------------------------------------------------------
