@@ -360,20 +360,16 @@ def read_bytes(uri: str) -> bytes | None:
     """The file's bytes, or None when there is no such file. On an object store the file is
     opened at once (one HEAD, one GET; a missing key is one HEAD), see `_file_size`."""
     fs, path = resolve(uri)
-    if isinstance(fs, pafs.LocalFileSystem):
-        if fs.get_file_info(path).type != pafs.FileType.File:
-            return None
-        with fs.open_input_stream(path) as f:
-            data: bytes = f.readall()
-        return data
+    if isinstance(fs, pafs.LocalFileSystem) and fs.get_file_info(path).type != pafs.FileType.File:
+        return None  # a local folder opens without error: asked first
     try:
         with fs.open_input_stream(path) as f:
-            found: bytes = f.readall()
+            data: bytes = f.readall()
     except OSError as e:
         if _missing(fs, path, e):
             return None
         raise
-    return found
+    return data
 
 
 def _missing(fs: pafs.FileSystem, path: str, error: OSError) -> bool:
