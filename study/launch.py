@@ -13,7 +13,13 @@ import signal
 import sys
 from typing import NoReturn
 
-__all__ = ["RAY_CRASH_HANDLER_OFF", "crash_handler_back_for_ray_processes", "main", "raise_a_swallowed_stop"]
+__all__ = [
+    "RAY_CRASH_HANDLER_OFF",
+    "crash_handler_back_for_ray_processes",
+    "install_stop_handlers",
+    "main",
+    "raise_a_swallowed_stop",
+]
 
 RAY_CRASH_HANDLER_OFF = "RAY_DISABLE_FAILURE_SIGNAL_HANDLER"
 """Ray's C++ crash handler (absl's) also takes SIGTERM, and ``ray.shutdown()`` removes it by
@@ -42,6 +48,24 @@ def _as_ctrl_c(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
+def _quiet_when_a_stop_was_swallowed(unraisable: sys.UnraisableHookArgs) -> None:
+    """Python prints an exception it cannot raise ("Exception ignored in ...", a traceback):
+    a stop that lands in an at-fork hook (logging's, while Ray forks its processes) or in a
+    finaliser is one. That stop is not lost, `raise_a_swallowed_stop` raises it again at the
+    driver's next phase, so its traceback would only be noise on a clean exit 130 (seen in a
+    suite run: a Ctrl-C 3 s into `run`). Any other exception is printed as Python would."""
+    if _stop_asked and issubclass(unraisable.exc_type, KeyboardInterrupt):
+        return
+    sys.__unraisablehook__(unraisable)
+
+
+def install_stop_handlers() -> None:
+    """Ctrl-C, SIGTERM and SIGHUP raise KeyboardInterrupt and are remembered (see `main`)."""
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _as_ctrl_c)
+    sys.unraisablehook = _quiet_when_a_stop_was_swallowed
+
+
 def raise_a_swallowed_stop() -> None:
     """Raise again a stop (Ctrl-C, SIGTERM, SIGHUP) that came but did not end the command.
 
@@ -59,8 +83,7 @@ def main() -> NoReturn:
     if RAY_CRASH_HANDLER_OFF not in os.environ:  # a user's own setting stands
         os.environ[RAY_CRASH_HANDLER_OFF] = "1"
         _set_here = True
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, _as_ctrl_c)
+    install_stop_handlers()
     try:
         from study.cli import entry
     except KeyboardInterrupt:

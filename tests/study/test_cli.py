@@ -439,3 +439,49 @@ def test_the_command_exits_past_the_interpreters_c_teardown(exit_by: str) -> Non
         assert schema["$schema"].startswith("https://json-schema.org/")
     else:
         assert lines[-1] == "finalized", lines[-3:]
+
+
+_SWALLOWED = """
+import os, signal, sys
+from study.launch import install_stop_handlers, raise_a_swallowed_stop
+
+install_stop_handlers()
+
+
+class Finaliser:
+    def __del__(self) -> None:
+        {raise_in_finaliser}
+        for _ in range(100_000):  # the signal's handler runs here, inside the finaliser
+            pass
+
+
+Finaliser()  # its exception cannot propagate: Python hands it to sys.unraisablehook
+print("went on", flush=True)
+try:
+    raise_a_swallowed_stop()
+except KeyboardInterrupt:
+    sys.exit(130)
+"""
+
+
+@pytest.mark.parametrize(
+    ("raise_in_finaliser", "code", "printed"),
+    [
+        ("os.kill(os.getpid(), signal.SIGINT)", 130, False),  # a Ctrl-C the finaliser swallowed
+        ("raise ValueError('a real bug')", 0, True),  # any other exception is still shown
+    ],
+    ids=["ctrl-c", "other-exception"],
+)
+def test_a_stop_swallowed_where_python_cannot_raise_is_silent_and_raised_again(
+    raise_in_finaliser: str, code: int, printed: bool
+) -> None:
+    """A Ctrl-C that lands where Python cannot raise (an at-fork hook while Ray starts, a
+    finaliser) printed "Exception ignored in ... Traceback" before the clean exit 130 (seen in a
+    suite run). Real signal, real finaliser, the command's own handlers."""
+    script = _SWALLOWED.replace("{raise_in_finaliser}", raise_in_finaliser)
+    run = [sys.executable, "-c", script]
+    done = subprocess.run(run, capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert done.returncode == code, done.stderr
+    assert "went on" in done.stdout  # the exception did not propagate (it cannot there)
+    assert ("Traceback" in done.stderr) is printed, done.stderr
+    assert ("a real bug" in done.stderr) is printed, done.stderr
