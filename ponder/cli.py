@@ -1,7 +1,8 @@
 """``python -m ponder.train``: flags made from the config dataclasses' fields and docstrings.
 
 ``--lambda-p`` sets ``lambda_p``: one name per knob, from CLI to config to Parquet column.
-Bad input ends with one line on stderr and exit code 2, never a traceback.
+Bad input ends with one line on stderr and exit code 2, never a traceback; flags and config
+values are checked before torch is loaded (two seconds of imports), so a typo answers at once.
 """
 
 from __future__ import annotations
@@ -16,13 +17,12 @@ import signal
 import sys
 import textwrap
 from collections.abc import Sequence
-from typing import Any, NoReturn
-
-import torch
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from ponder.config import CONFIGS, ConfigError, PonderConfig, TaskConfig
-from ponder.data.mnist import IdxError
-from ponder.trainer import Metrics, Trainer
+
+if TYPE_CHECKING:
+    from ponder.trainer import Metrics, Trainer
 
 __all__ = ["build_parser", "field_docs", "main"]
 
@@ -158,6 +158,8 @@ def _resume(args: argparse.Namespace) -> Trainer:
             f"{_flag(refused[0])} cannot change a resumed run; only "
             f"{', '.join(_flag(k) for k in RESUME_OVERRIDES)} can (start a new run for other values)"
         )
+    from ponder.trainer import Trainer
+
     trainer = Trainer.from_checkpoint(args.resume, device=given.get("device"), compile=given.get("compile"))
     if "iterations" in given:
         try:
@@ -210,12 +212,21 @@ def _json_safe(m: Metrics) -> Metrics:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit code (0 completed, 1 diverged, 2 bad input)."""
     args = build_parser().parse_args(argv)
+    if args.threads is not None and args.threads < 1:
+        _fail(f"--threads must be >= 1, got {args.threads}")
+    try:  # the flags and values first: a bad one answers before torch's imports
+        config = None if args.resume else _config(args)
+    except ConfigError as e:
+        _fail(str(e))
+    import torch
+
+    from ponder.data.mnist import IdxError
+    from ponder.trainer import Trainer
+
     if args.threads is not None:
-        if args.threads < 1:
-            _fail(f"--threads must be >= 1, got {args.threads}")
         torch.set_num_threads(args.threads)
     try:
-        trainer = _resume(args) if args.resume else Trainer(_config(args))
+        trainer = _resume(args) if config is None else Trainer(config)
     except (ConfigError, IdxError) as e:
         _fail(str(e))
     except FileNotFoundError as e:

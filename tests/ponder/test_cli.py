@@ -89,6 +89,20 @@ def test_bad_input_is_one_line_and_exit_code_2(args: list[str], message: str) ->
     assert len(lines) == 1 and message in lines[0] and "Traceback" not in proc.stderr
 
 
+@pytest.mark.parametrize(
+    "args", [["--lambda-p", "1.5"], ["--max-steps", "three"], ["--task", "mnist", "--n-elems", "3"]]
+)
+def test_bad_flags_and_values_answer_before_torch_is_loaded(args: list[str]) -> None:
+    """A typo is answered at once, not after two seconds of torch's imports."""
+    script = (
+        "import sys\nfrom ponder.cli import main\n"
+        f"try:\n    main({args!r})\nexcept SystemExit as e:\n    code = e.code\n"
+        "print(code, 'torch' in sys.modules)"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.stdout.split() == ["2", "False"], done.stdout + done.stderr
+
+
 def test_corrupt_mnist_file_is_one_line(tmp_path: Path) -> None:
     for name in (
         "train-images-idx3-ubyte",
