@@ -23,7 +23,16 @@ the only way to measure it at N = 2000. ``--s3`` puts the study on moto's S3 ser
 Then the Parquet recipes of docs/parquet.md (pandas) over the 2,000-trial study, timed. The last line:
 ``growth <cost per trial at the largest N / cost per trial at the smallest>``.
 
+With ``--real`` it runs real trials instead: the shipped ``parity-smoke`` study (tiny parity
+trials, TPE, ASHA) with ``--num-samples N`` for each N (default 20 100 500), the real command
+(``ponder-study run``, progress table on) joined to one local Ray instance that the bench starts,
+and it times the driver process's CPU (user + system: everything the driver does, the imports
+included, none of the trials' work, which runs in Ray's workers). It prints each study's driver
+CPU per trial and the marginal cost per trial between successive sizes; the last line is
+``growth <marginal at the last step / marginal at the first>``.
+
     .venv/bin/python bench/driver_scale.py [--sizes 100 500 2000] [--s3] [--fast-prefix] [--quick]
+    .venv/bin/python bench/driver_scale.py --real [--sizes 20 100 500]
 """
 
 from __future__ import annotations
@@ -359,6 +368,48 @@ def _moto(root: str) -> tuple[Any, str]:
     return server, "s3://bench/studies"
 
 
+def real_studies(sizes: list[int]) -> None:
+    """``--real``: the driver's CPU per real trial, parity-smoke at each size (see the module)."""
+    import resource
+    import subprocess
+
+    os.environ["RAY_AUTH_MODE"] = "token"  # read when Ray is imported; drivers joining by address need it
+    import ray
+
+    tmp = tempfile.mkdtemp(prefix="driver_scale_real.")
+    env = dict(os.environ)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    address = ray.get_runtime_context().gcs_address
+    print(f"driver CPU per real trial: parity-smoke, ponder-study run joined to one Ray instance ({address})")
+    rows: list[tuple[int, float]] = []
+    try:
+        for n in sizes:
+            cmd = [sys.executable, "-m", "study", "run", "parity-smoke", "--name", f"real{n}"]
+            cmd += ["--num-samples", str(n), "--storage", os.path.join(tmp, "results")]
+            before = resource.getrusage(resource.RUSAGE_CHILDREN)
+            started = time.perf_counter()
+            done = subprocess.run(cmd, cwd=REPO, env={**env, "RAY_ADDRESS": address}, capture_output=True)
+            wall = time.perf_counter() - started
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)
+            if done.returncode != 0:
+                sys.exit(f"N={n}: the study failed: {done.stderr.decode()[-2000:]}")
+            cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+            rows.append((n, cpu))
+            marginal = ""
+            if len(rows) > 1:
+                (n0, c0), (n1, c1) = rows[-2], rows[-1]
+                marginal = f", {(c1 - c0) / (n1 - n0) * 1e3:.1f} ms a trial from N={n0}"
+            per_trial = f"{cpu / n * 1e3:.1f} ms a trial{marginal}"
+            print(f"N={n}: driver CPU {cpu:.2f} s, {per_trial}; wall {wall:.1f} s")
+    finally:
+        ray.shutdown()
+    if len(rows) < 3:
+        sys.exit("--real needs three sizes or more: the growth compares the first and last marginal costs")
+    first = (rows[1][1] - rows[0][1]) / (rows[1][0] - rows[0][0])
+    last = (rows[-1][1] - rows[-2][1]) / (rows[-1][0] - rows[-2][0])
+    print(f"growth {last / first:.2f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -374,7 +425,13 @@ def main() -> None:
     parser.add_argument("--fast-prefix", action="store_true", help="time only the last --window trials")
     parser.add_argument("--no-recipes", action="store_true", help="skip the Parquet recipes' timing")
     parser.add_argument("--quick", action="store_true", help="sizes 20 60, a smoke check")
+    parser.add_argument(
+        "--real", action="store_true", help="real parity-smoke trials through the CLI (sizes 20 100 500)"
+    )
     args = parser.parse_args()
+    if args.real:
+        real_studies(args.sizes if "--sizes" in sys.argv else [20, 100, 500])
+        return
     if args.quick:
         args.sizes, args.window = [20, 60], 10
 
