@@ -268,8 +268,10 @@ def run_study(
     controller.checkpoint(force=True, wait=True)
     from study.runner import write_tables
 
+    t1 = time.perf_counter()
     write_tables(paths, spec, controller.get_trials())
     final = time.perf_counter() - t0
+    final_export = time.perf_counter() - t1
     window = range(max(0, n - args.window), n)
     per_trial = {p: statistics.fmean(spent[p][i] for i in window) for p in PHASES}
     statuses: dict[str, int] = {}
@@ -282,6 +284,7 @@ def run_study(
         "cost": sum(per_trial.values()),
         "total": total,
         "final": final,
+        "final_export": final_export,
         "loaded": loaded,
         "wall": wall,
         "statuses": statuses,
@@ -467,7 +470,8 @@ def main() -> None:
                 total += f", the callback's Parquet read after the prefix {row['loaded']:.2f} s"
             print(
                 f"N={n}: {row['cost'] * 1e3:.1f} ms per trial ({parts}); total driver time {total}, "
-                f"study end {row['final']:.1f} s, bench wall {row['wall']:.0f} s; {row['statuses']}"
+                f"study end {row['final']:.1f} s (export {row['final_export']:.1f} s), "
+                f"bench wall {row['wall']:.0f} s; {row['statuses']}"
             )
         if not args.s3 and not args.no_recipes:
             first, median = recipes(storage)
