@@ -380,7 +380,6 @@ def real_studies(sizes: list[int]) -> None:
     import ray
 
     tmp = tempfile.mkdtemp(prefix="driver_scale_real.")
-    env = dict(os.environ)
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     address = ray.get_runtime_context().gcs_address
     print(f"driver CPU per real trial: parity-smoke, ponder-study run joined to one Ray instance ({address})")
@@ -391,7 +390,8 @@ def real_studies(sizes: list[int]) -> None:
             cmd += ["--num-samples", str(n), "--storage", os.path.join(tmp, "results")]
             before = resource.getrusage(resource.RUSAGE_CHILDREN)
             started = time.perf_counter()
-            done = subprocess.run(cmd, cwd=REPO, env={**env, "RAY_ADDRESS": address}, capture_output=True)
+            joined = {**os.environ, "RAY_ADDRESS": address}
+            done = subprocess.run(cmd, cwd=REPO, env=joined, capture_output=True)
             wall = time.perf_counter() - started
             after = resource.getrusage(resource.RUSAGE_CHILDREN)
             if done.returncode != 0:
@@ -417,7 +417,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--sizes", type=int, nargs="+", default=[100, 500, 2000], help="study sizes N")
+    parser.add_argument(
+        "--sizes", type=int, nargs="+", help="study sizes N (default 100 500 2000; with --real 20 100 500)"
+    )
     parser.add_argument("--reports", type=int, default=12, help="reports per trial (parity.toml: 12)")
     parser.add_argument("--concurrent", type=int, default=4, help="trials live at once")
     parser.add_argument("--window", type=int, default=50, help="last trials whose cost is averaged")
@@ -433,8 +435,9 @@ def main() -> None:
     )
     args = parser.parse_args()
     if args.real:
-        real_studies(args.sizes if "--sizes" in sys.argv else [20, 100, 500])
+        real_studies(args.sizes or [20, 100, 500])
         return
+    args.sizes = args.sizes or [100, 500, 2000]
     if args.quick:
         args.sizes, args.window = [20, 60], 10
 

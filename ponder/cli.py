@@ -150,14 +150,17 @@ RESUME_OVERRIDES = ("iterations", "device", "compile")
 eager steps compute the same numbers)."""
 
 
-def _resume(args: argparse.Namespace) -> Trainer:
-    given = _given_fields(args)
-    refused = sorted(k for k in given if k not in RESUME_OVERRIDES)
+def _check_resume_flags(args: argparse.Namespace) -> None:
+    refused = sorted(k for k in _given_fields(args) if k not in RESUME_OVERRIDES)
     if refused:
         _fail(
             f"{_flag(refused[0])} cannot change a resumed run; only "
             f"{', '.join(_flag(k) for k in RESUME_OVERRIDES)} can (start a new run for other values)"
         )
+
+
+def _resume(args: argparse.Namespace) -> Trainer:
+    given = _given_fields(args)
     from ponder.trainer import Trainer
 
     trainer = Trainer.from_checkpoint(args.resume, device=given.get("device"), compile=given.get("compile"))
@@ -216,6 +219,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         _fail(f"--threads must be >= 1, got {args.threads}")
     try:  # the flags and values first: a bad one answers before torch's imports
         config = None if args.resume else _config(args)
+        if args.resume:
+            _check_resume_flags(args)
     except ConfigError as e:
         _fail(str(e))
     import torch

@@ -90,7 +90,13 @@ def test_bad_input_is_one_line_and_exit_code_2(args: list[str], message: str) ->
 
 
 @pytest.mark.parametrize(
-    "args", [["--lambda-p", "1.5"], ["--max-steps", "three"], ["--task", "mnist", "--n-elems", "3"]]
+    "args",
+    [
+        ["--lambda-p", "1.5"],
+        ["--max-steps", "three"],
+        ["--task", "mnist", "--n-elems", "3"],
+        ["--resume", "/nonexistent/ckpt.pt", "--beta", "0.1"],  # a resume refuses it before reading
+    ],
 )
 def test_bad_flags_and_values_answer_before_torch_is_loaded(args: list[str]) -> None:
     """A typo is answered at once, not after two seconds of torch's imports."""
