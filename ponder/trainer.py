@@ -18,7 +18,7 @@ from typing import IO, Any
 import torch
 from torch.nn.utils import clip_grad_norm_
 
-from ponder.compiled import share_compile_cache, should_compile
+from ponder.compiled import compile_mode, share_compile_cache, should_compile, uses_cuda_graphs
 from ponder.config import CompileMode, KLDirection, TaskConfig, config_from_dict
 from ponder.cpu import keep_freed_memory
 from ponder.data.mnist import MnistData
@@ -38,6 +38,7 @@ __all__ = [
     "Metrics",
     "StepResult",
     "Trainer",
+    "device_label",
     "forward_loss",
     "ponder_loss",
     "resolve_device",
@@ -79,6 +80,15 @@ def forward_loss(
     return ponder_loss(model(x), y, log_prior, beta, kl_direction)
 
 
+def device_label(device: torch.device) -> str:
+    """The device as the Parquet's ``device`` column and `evaluate` name it: ``cpu``, or
+    ``cuda:N <GPU name>`` (the index as this process numbers the GPUs it can see)."""
+    if device.type != "cuda":
+        return device.type
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return f"cuda:{index} {torch.cuda.get_device_name(index)}"
+
+
 def resolve_device(name: str) -> torch.device:
     """``auto`` is CUDA when torch sees a GPU (the one Tune assigned, under Tune), else the CPU."""
     if name == "auto":
@@ -117,6 +127,7 @@ class Trainer:
         self.compiled = should_compile(config.compile, self.device)
         """Whether `train_step` runs the forward pass and loss through ``torch.compile``."""
         self._beta = torch.tensor(config.beta, device=self.device)  # float32, as the loss is
+        self._graphs = self.compiled and uses_cuda_graphs(self.device)
         self._forward_loss = self._make_forward_loss(self.compiled)
         self.iteration = 0
         self.nan_events = 0
@@ -147,7 +158,7 @@ class Trainer:
             return fn
         share_compile_cache()
         # static shapes: a run's training batch never changes shape
-        return torch.compile(fn, dynamic=False)
+        return torch.compile(fn, dynamic=False, mode=compile_mode(self.device))
 
     # -- training -----------------------------------------------------------------------------
     def train_step(self, batch: tuple[torch.Tensor, torch.Tensor] | None = None) -> StepResult:
@@ -156,8 +167,12 @@ class Trainer:
         start = time.perf_counter()
         x, y = batch if batch is not None else self.sample_batch(self.generator)
         self.model.train()
-        loss, rec, reg = self._forward_loss(self.model, x, y, self.log_prior, self._beta)
+        # last iteration's gradients go before the forward pass: under CUDA graphs they live in the
+        # graphs' memory, which the next replay overwrites
         self.optimizer.zero_grad(set_to_none=True)
+        if self._graphs:
+            torch.compiler.cudagraph_mark_step_begin()  # type: ignore[no-untyped-call]  # a new iteration
+        loss, rec, reg = self._forward_loss(self.model, x, y, self.log_prior, self._beta)
         grad_norm = math.nan
         finite = bool(torch.isfinite(loss))
         if finite:
@@ -284,6 +299,7 @@ class Trainer:
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "generator": self.generator.get_state(),
+            "generator_device": self.device.type,  # a CUDA generator's state is not a CPU one's
             "torch_rng": torch.get_rng_state(),
             "iteration": self.iteration,
             "nan_events": self.nan_events,
@@ -301,7 +317,11 @@ class Trainer:
         """Restore what `state_dict` saved (the config must match this trainer's)."""
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
-        self.generator.set_state(state["generator"])
+        if _generator_device(state) == self.device.type:
+            self.generator.set_state(state["generator"])
+        # else the run moved between CPU and CUDA (to evaluate a GPU run's checkpoint here, say):
+        # the other device's random stream cannot continue here, so the data come from this
+        # trainer's own stream, seeded from the config; weights, Adam and counters are restored
         torch.set_rng_state(state["torch_rng"])
         if "cuda_rng" in state and self.device.type == "cuda":
             torch.cuda.set_rng_state(state["cuda_rng"], self.device)
@@ -360,3 +380,15 @@ class Trainer:
         trainer = cls(config_from_dict(values), mnist)
         trainer.load_state_dict(state)
         return trainer
+
+
+_CPU_GENERATOR_STATE_BYTES = 5056
+"""The size of a CPU generator's state (Mersenne Twister); a CUDA one's is 16 bytes (seed, offset)."""
+
+
+def _generator_device(state: dict[str, Any]) -> str:
+    """The device type whose generator saved ``state["generator"]`` (read off its size in a
+    checkpoint written before ``generator_device`` was saved)."""
+    if "generator_device" in state:
+        return str(state["generator_device"])
+    return "cpu" if state["generator"].numel() == _CPU_GENERATOR_STATE_BYTES else "cuda"

@@ -26,7 +26,7 @@ from torch import nn
 from ponder.halting import sample_halting_step
 from ponder.model import HaltedOutput, PonderNet
 from ponder.tasks import accuracy
-from ponder.trainer import Trainer
+from ponder.trainer import Trainer, device_label
 from study.records import EndRecord
 from study.storage import CHECKPOINT_FILE, StudyPaths, join, read_bytes
 from study.trial_choice import ChosenTrial, EvaluateError, choose_trial
@@ -148,7 +148,7 @@ def evaluate_trial(
         lambda_p=trainer.config.lambda_p,
         beta=trainer.config.beta,
         max_steps=trainer.config.max_steps,
-        device=_device_label(trainer.device),
+        device=device_label(trainer.device),
         repeats=repeats,
         chosen_by=chosen_by,
         sets=sets,
@@ -339,12 +339,6 @@ def _best_time(fn: Callable[[], object], device: torch.device, repeats: int) -> 
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-
-
-def _device_label(device: torch.device) -> str:
-    if device.type != "cuda":
-        return str(device)
-    return f"{device} {torch.cuda.get_device_name(device)}"
 
 
 def _finite(value: Any) -> float | None:

@@ -29,7 +29,7 @@ from study.records import has_ended
 from study.storage import CHECKPOINT_FILE, StudyPaths
 
 if TYPE_CHECKING:  # torch loads in the trial's process, never in the driver (about 1.5 s of CPU)
-    from ponder.trainer import Metrics, Trainer
+    from ponder.trainer import Metrics
 
 __all__ = [
     "CHECKPOINT_FILE",
@@ -74,14 +74,6 @@ def tune_metrics(metrics: Metrics, objectives: Mapping[str, str]) -> dict[str, A
     return out
 
 
-def _device_label(trainer: Trainer) -> str:
-    import torch
-
-    if trainer.device.type != "cuda":
-        return trainer.device.type
-    return f"cuda:{trainer.device.index or 0} {torch.cuda.get_device_name(trainer.device)}"
-
-
 def train_trial(
     config: dict[str, Any],
     *,
@@ -98,7 +90,7 @@ def train_trial(
     import torch
 
     from ponder.config import config_from_dict
-    from ponder.trainer import Trainer
+    from ponder.trainer import Trainer, device_label
 
     torch.set_num_threads(threads)
     trial_id = tune.get_context().get_trial_id()
@@ -115,7 +107,7 @@ def train_trial(
     where = {
         "node_ip": ray.util.get_node_ip_address(),  # type: ignore[no-untyped-call]
         "node_id": ray.get_runtime_context().get_node_id(),
-        "device": _device_label(trainer),
+        "device": device_label(trainer.device),
         "gpu_ids": ",".join(str(i) for i in ray.get_gpu_ids()),
     }
     fault, started_at = fault_iteration(), trainer.iteration

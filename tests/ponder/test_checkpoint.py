@@ -36,14 +36,28 @@ def test_a_checkpoint_loads_the_same_from_a_path_and_from_its_bytes(tmp_path: Pa
     assert from_path.evaluate() == from_bytes.evaluate() == trainer.evaluate()
 
 
-def test_from_state_builds_the_config_inside_and_can_move_it_to_another_device() -> None:
+@pytest.mark.parametrize("written", ["now", "before-generator_device"])
+def test_from_state_builds_the_config_inside_and_can_move_it_to_another_device(written: str) -> None:
     trainer = _trained()
     state = trainer.state_dict()
-    state["config"] = {**state["config"], "device": "cuda:7"}  # a GPU run's checkpoint
+    assert state["generator_device"] == "cpu"
+    # a GPU run's checkpoint, as a CUDA trainer writes it: its data generator's state is a CUDA
+    # generator's (16 bytes: seed and offset), which a CPU generator cannot take
+    state["config"] = {**state["config"], "device": "cuda:7"}
+    state.update(
+        generator=torch.tensor([7, 0, 0, 0, 0, 0, 0, 0] * 2, dtype=torch.uint8), generator_device="cuda"
+    )
+    if written == "before-generator_device":  # told apart by its size instead
+        del state["generator_device"]
     restored = Trainer.from_state(state, device="cpu")
     assert restored.config.device == "cpu" and restored.device == torch.device("cpu")
     assert restored.config.max_steps == 4 and restored.iteration == 3 and _same_weights(trainer, restored)
     assert state["config"]["device"] == "cuda:7"  # the caller's dict is left as it was
+    # the data continue from the CPU stream the config seeds (the GPU's cannot continue here)
+    fresh = Trainer(restored.config)
+    assert torch.equal(restored.generator.get_state(), fresh.generator.get_state())
+    restored.train_step()
+    assert restored.iteration == 4
 
 
 class _Payload:
