@@ -46,7 +46,7 @@ class ParityPonderGRU(nn.Module):
         h = self.cell(x, h)
         un_halted_prob = x.new_ones(batch_size)
         y_list, p_list = [], []
-        halting_step = torch.zeros(batch_size, dtype=torch.long)
+        halting_step = torch.zeros(batch_size, dtype=torch.long, device=x.device)
         for n in range(1, self.max_steps + 1):
             if n == self.max_steps:
                 lambda_n = x.new_ones(batch_size)
@@ -103,10 +103,12 @@ class SeedsTrainer:
         lambda_p: float = 0.2,
         beta: float = 0.01,
         lr: float = 3e-4,
+        device: str = "cpu",
     ) -> None:
-        self.model = ParityPonderGRU(n_elems, n_hidden, max_steps)
+        self.device = torch.device(device)
+        self.model = ParityPonderGRU(n_elems, n_hidden, max_steps).to(self.device)
         self.loss_rec = ReconstructionLoss(nn.BCEWithLogitsLoss(reduction="none"))
-        self.loss_reg = RegularizationLoss(lambda_p, max_steps)
+        self.loss_reg = RegularizationLoss(lambda_p, max_steps).to(self.device)
         self.beta = beta
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=lr)
         loader = DataLoader(ParityDataset(batch_size * 10**7, n_elems), batch_size=batch_size)
@@ -114,6 +116,7 @@ class SeedsTrainer:
 
     def step(self) -> float:
         x, y = next(self.batches)
+        x, y = x.to(self.device), y.to(self.device)  # batches are built on the CPU, then moved
         y_pred, p, _ = self.model(x)
         loss = self.loss_rec(p, y_pred, y.float()) + self.beta * self.loss_reg(p)
         self.optimizer.zero_grad()

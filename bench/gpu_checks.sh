@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# The project's GPU path, checked on a machine with one CUDA GPU, in one go (a few minutes):
+#   1. the CUDA tests (tests/ponder/test_cuda.py, checkpoints across devices);
+#   2. a parity-smoke study with a quarter of the GPU per trial (four trials at once), its
+#      status, and `evaluate` of its best trial on the GPU and on the CPU;
+#   3. bench/iteration_speed.py --device cuda: seeds, eager, compiled (CUDA graphs), compiled without;
+#   4. bench/gpu_packing.py (trials per GPU against throughput);
+#   5. tests/study/test_gpu.py (step 3 as a test), if time is left.
+# Each step has its own time limit, so one that hangs leaves time to the rest; every log goes to
+# OUT_DIR (default results/gpu-checks), the figures at the end of each.
+#
+#   bash bench/gpu_checks.sh [OUT_DIR]
+# PYTHON=... picks the interpreter (default: .venv's, else python3); GPU_CHECKS_BUDGET_S the whole
+# run's seconds (540); GPU_CHECKS_SKIP='study|gpu-packing' skips steps by name.
+set -u
+OUT_DIR=${1:-results/gpu-checks}
+mkdir -p "$OUT_DIR"
+PYTHON=${PYTHON:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)}
+export PONDER_STUDY_CACHE=${PONDER_STUDY_CACHE:-$OUT_DIR/cache}  # one compile cache for every step
+DEADLINE=$(( $(date +%s) + ${GPU_CHECKS_BUDGET_S:-540} ))
+
+step() {  # step NAME LIMIT_S COMMAND...: run it with its log, at most LIMIT_S and never past the deadline
+    local name=$1 limit=$2
+    shift 2
+    if [[ -n "${GPU_CHECKS_SKIP:-}" && $name =~ ^(${GPU_CHECKS_SKIP})$ ]]; then
+        echo "== $name: skipped (GPU_CHECKS_SKIP)" | tee -a "$OUT_DIR/summary.txt"
+        return
+    fi
+    local left=$(( DEADLINE - $(date +%s) ))
+    (( limit > left )) && limit=$left
+    if (( limit < 20 )); then
+        echo "== $name: skipped, ${left} s left" | tee -a "$OUT_DIR/summary.txt"
+        return
+    fi
+    echo "== $name (at most ${limit} s): $*"
+    local start=$(date +%s)
+    timeout -k 10 "$limit" "$@" >"$OUT_DIR/$name.log" 2>&1
+    local rc=$?
+    echo "== $name: exit $rc after $(( $(date +%s) - start )) s" | tee -a "$OUT_DIR/summary.txt"
+    tail -n 25 "$OUT_DIR/$name.log"
+}
+
+{
+    nvidia-smi -L
+    "$PYTHON" -c 'import sys, torch, ray, optuna, pandas, pyarrow; print(sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name(0), "ray", ray.__version__, "optuna", optuna.__version__, "pandas", pandas.__version__, "pyarrow", pyarrow.__version__)'
+    nproc
+} 2>&1 | tee "$OUT_DIR/machine.txt"
+
+step unit-tests 140 "$PYTHON" -m pytest -p no:cacheprovider -v -rs --durations=10 tests/ponder/test_cuda.py tests/ponder/test_checkpoint.py
+
+SPEC="$OUT_DIR/parity-gpu-quarter.toml"
+"$PYTHON" - "$SPEC" <<'EOF'
+import sys
+from study.spec import load_spec
+source = load_spec("parity-smoke").source
+for old, new in [("num_samples = 6", "num_samples = 4"), ("max_concurrent = 2", "max_concurrent = 4"),
+                 ("gpu = 0\n", "gpu = 0.25\n")]:
+    assert old in source, old
+    source = source.replace(old, new)
+open(sys.argv[1], "w").write(source)
+EOF
+STORAGE="$OUT_DIR/results"
+step study 120 "$PYTHON" -m study run "$SPEC" --storage "$STORAGE"
+step status 20 "$PYTHON" -m study status parity-gpu-quarter --storage "$STORAGE"
+step evaluate-cuda 40 "$PYTHON" -m study evaluate parity-gpu-quarter --storage "$STORAGE" --device cuda --repeats 5
+step evaluate-cpu 30 "$PYTHON" -m study evaluate parity-gpu-quarter --storage "$STORAGE" --device cpu --repeats 5
+[ -d "$STORAGE/trials" ] && "$PYTHON" - "$STORAGE" <<'EOF' 2>&1 | tee "$OUT_DIR/study-parquet.txt"
+import sys, pandas as pd
+df = pd.read_parquet(f"{sys.argv[1]}/trials/study=parity-gpu-quarter")
+cols = [c for c in ["trial_id", "status", "device", "gpu_ids", "max_steps", "iteration", "time_total_s",
+                    "test/halted_accuracy", "nan_events"] if c in df]
+print(df[cols].to_string())
+EOF
+
+step iteration-speed 130 "$PYTHON" bench/iteration_speed.py --device cuda --iterations 400 --rounds 2 --warmup 20
+
+step gpu-packing 130 "$PYTHON" bench/gpu_packing.py --packings 1,2,4,8 --iterations 1000 --eval-interval 250 --out "$OUT_DIR/packing.json"
+
+step study-test 80 "$PYTHON" -m pytest -p no:cacheprovider -v -rs tests/study/test_gpu.py
+"$PYTHON" -m ray.scripts.scripts stop --force >/dev/null 2>&1 || true
+cat "$OUT_DIR/summary.txt"
