@@ -89,10 +89,14 @@ def train_trial(
     """
     import torch
 
+    from ponder.compiled import forget_compiled
     from ponder.config import config_from_dict
     from ponder.trainer import Trainer, device_label
 
     torch.set_num_threads(threads)
+    # Tune reuses this actor for trial after trial: without this, a compiled step's ninth shape
+    # (another max_steps) would silently train eagerly, and old CUDA graphs would keep GPU memory
+    forget_compiled()
     trial_id = tune.get_context().get_trial_id()
     if has_ended(paths, trial_id):
         return

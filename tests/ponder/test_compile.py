@@ -11,6 +11,7 @@ import torch
 
 from ponder.compiled import (
     compile_cache_dir,
+    forget_compiled,
     share_compile_cache,
     should_compile,
 )
@@ -58,6 +59,32 @@ def test_a_cache_dir_set_by_hand_wins_but_inductors_default_does_not(
     assert share_compile_cache() == tmp_path / "mine"
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", default_cache_dir())  # what torch writes itself
     assert share_compile_cache() == tmp_path / "ours" / "inductor"
+
+
+def test_forget_compiled_lets_a_process_compile_past_the_recompile_limit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A reused Tune actor's next trial compiles its own shape, not falls back to eager silently."""
+    import torch._dynamo
+
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 2)
+    forget_compiled()
+    graphs: list[int] = []
+
+    def backend(gm: torch.fx.GraphModule, inputs: list[torch.Tensor]) -> object:
+        graphs.append(len(inputs))
+        return gm.forward
+
+    def run(n: int) -> None:  # one "trial": a new compiled step, a shape of its own
+        torch.compile(lambda x: x * 2 + 1, backend=backend, dynamic=False)(torch.ones(n))
+
+    for n in range(1, 5):
+        run(n)
+    assert len(graphs) == 2  # shapes 3 and 4 ran eagerly: the limit
+    for n in range(5, 9):
+        forget_compiled()  # what study.trainable does at each trial's start
+        run(n)
+    assert len(graphs) == 6
 
 
 @pytest.mark.parametrize("n_steps", [1, 4])
