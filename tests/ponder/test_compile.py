@@ -61,13 +61,17 @@ def test_a_cache_dir_set_by_hand_wins_but_inductors_default_does_not(
     assert share_compile_cache() == tmp_path / "ours" / "inductor"
 
 
-def test_forget_compiled_lets_a_process_compile_past_the_recompile_limit(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+@pytest.mark.xdist_group("compile")  # before the compiling tests (`COMPILES`), never between them
+def test_forget_compiled_lets_a_process_compile_past_the_recompile_limit() -> None:
     """A reused Tune actor's next trial compiles its own shape, not falls back to eager silently."""
     import torch._dynamo
 
-    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 2)
+    # the config's own patch: monkeypatch's undo left recompile_limit missing for later compiles
+    with torch._dynamo.config.patch(recompile_limit=2):
+        _compile_shapes_past_the_limit()
+
+
+def _compile_shapes_past_the_limit() -> None:
     forget_compiled()
     graphs: list[int] = []
 
