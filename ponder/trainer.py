@@ -319,9 +319,12 @@ class Trainer:
         self.optimizer.load_state_dict(state["optimizer"])
         if _generator_device(state) == self.device.type:
             self.generator.set_state(state["generator"])
-        # else the run moved between CPU and CUDA (to evaluate a GPU run's checkpoint here, say):
-        # the other device's random stream cannot continue here, so the data come from this
-        # trainer's own stream, seeded from the config; weights, Adam and counters are restored
+        else:
+            # the run moved between CPU and CUDA (a GPU run's checkpoint evaluated here, say): the
+            # other device's stream cannot continue here, so the data come from a stream of this
+            # device seeded by the config's seed and the iteration, not the one the run began with
+            # (whose first batches it has already trained on); weights, Adam and counters restore
+            self.generator.manual_seed(_moved_seed(self.config.seed, int(state["iteration"])))
         torch.set_rng_state(state["torch_rng"])
         if "cuda_rng" in state and self.device.type == "cuda":
             torch.cuda.set_rng_state(state["cuda_rng"], self.device)
@@ -384,6 +387,11 @@ class Trainer:
 
 _CPU_GENERATOR_STATE_BYTES = 5056
 """The size of a CPU generator's state (Mersenne Twister); a CUDA one's is 16 bytes (seed, offset)."""
+
+
+def _moved_seed(seed: int, iteration: int) -> int:
+    """The data seed of a run moved to another device type at ``iteration``."""
+    return (seed * 1_000_003 + iteration) % 2**63
 
 
 def _generator_device(state: dict[str, Any]) -> str:

@@ -53,9 +53,13 @@ def test_from_state_builds_the_config_inside_and_can_move_it_to_another_device(w
     assert restored.config.device == "cpu" and restored.device == torch.device("cpu")
     assert restored.config.max_steps == 4 and restored.iteration == 3 and _same_weights(trainer, restored)
     assert state["config"]["device"] == "cuda:7"  # the caller's dict is left as it was
-    # the data continue from the CPU stream the config seeds (the GPU's cannot continue here)
+    # the data come from a CPU stream of their own (the GPU's cannot continue here), not the
+    # config seed's, whose first batches the run has already trained on
     fresh = Trainer(restored.config)
-    assert torch.equal(restored.generator.get_state(), fresh.generator.get_state())
+    moved = restored.sample_batch(restored.generator)
+    assert not torch.equal(moved[0], fresh.sample_batch(fresh.generator)[0])
+    again = Trainer.from_state(state, device="cpu")
+    assert torch.equal(moved[0], again.sample_batch(again.generator)[0])  # and the same each time
     restored.train_step()
     assert restored.iteration == 4
 
