@@ -152,7 +152,7 @@ def run_study(
     from ray.tune.search import SearchGenerator
     from ray.tune.utils.callback import _create_default_callbacks
 
-    from study.runner import LiveParquet, ParquetCallback, _space
+    from study.runner import LiveParquet, ParquetCallback, _space, study_callbacks
     from study.search import make_scheduler, make_searcher
     from study.spec import parse_spec
     from study.storage import StudyPaths, share_filesystems_when_copied, write_bytes
@@ -179,10 +179,11 @@ def run_study(
     search_alg.add_configurations([experiment])
     scheduler = make_scheduler(spec, paths)
     scheduler.set_search_properties(spec.metric, spec.mode)
-    parquet = ParquetCallback(paths, spec)
+    ours = study_callbacks(spec, paths)
+    parquet = next(c for c in ours if isinstance(c, ParquetCallback))
     callbacks = [  # Tune's loggers (result.json, progress.csv, TensorBoard), not its terminal output
         c
-        for c in _create_default_callbacks([parquet], metric=spec.metric)
+        for c in _create_default_callbacks(ours, metric=spec.metric)
         if not isinstance(c, TrialProgressCallback)
     ]
     controller = TuneController(

@@ -37,6 +37,7 @@ from ray import tune
 from ray.train._internal.session import _TrainingResult
 from ray.tune import Callback, CLIReporter
 from ray.tune.experiment import Trial
+from ray.tune.logger import TBXLoggerCallback
 from ray.tune.search import ConcurrencyLimiter
 
 from study import journal_copy
@@ -76,6 +77,7 @@ from study.trainable import fault_iteration, train_trial
 __all__ = [
     "LiveParquet",
     "ParquetCallback",
+    "ScalarTensorBoard",
     "StudyError",
     "StudyOutcome",
     "export",
@@ -473,12 +475,30 @@ def _reporter(spec: StudySpec) -> CLIReporter:
     )
 
 
+class ScalarTensorBoard(TBXLoggerCallback):
+    """Tune's TensorBoard logger, scalars only: a list-valued metric (per-step accuracy, the
+    halting distribution) is left out instead of drawn as a histogram. A histogram of such a list
+    bins its values and loses the step they belong to, so it shows nothing worth reading (the
+    lists are in the history Parquet and the report), and drawing six of them per report was the
+    largest part of the driver's cost per report (`bench/driver_scale.py`, docs/parquet.md)."""
+
+    def log_trial_result(self, iteration: int, trial: Trial, result: dict[str, Any]) -> None:
+        scalars = {k: v for k, v in result.items() if not isinstance(v, list)}
+        super().log_trial_result(iteration, trial, scalars)
+
+
+def study_callbacks(spec: StudySpec, paths: StudyPaths) -> list[Callback]:
+    """The study's own callbacks for Tune: the Parquet, and TensorBoard's scalars (in place of
+    Tune's default TensorBoard logger; its JSON and CSV loggers stay)."""
+    return [ParquetCallback(paths, spec), ScalarTensorBoard()]  # type: ignore[no-untyped-call]
+
+
 def _run_config(spec: StudySpec, paths: StudyPaths, verbose: int) -> tune.RunConfig:
     return tune.RunConfig(
         progress_reporter=_reporter(spec),
         name=paths.name,
         storage_path=paths.tune_root,
-        callbacks=[ParquetCallback(paths, spec)],
+        callbacks=study_callbacks(spec, paths),
         failure_config=tune.FailureConfig(max_failures=spec.run.max_failures),
         # every checkpoint is kept: pruning can break a restore after SIGKILL (ray#27790)
         checkpoint_config=tune.CheckpointConfig(num_to_keep=None),

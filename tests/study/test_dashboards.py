@@ -30,7 +30,10 @@ def _scalars(event_file: Path) -> dict[str, list[float]]:
         event = event_pb2.Event.FromString(data[at + 12 : at + 12 + length])
         at += 12 + length + 4
         for value in event.summary.value:
-            scalars.setdefault(value.tag, []).append(value.simple_value)
+            if value.HasField("histo"):  # what Tune's own logger draws of a list-valued metric
+                scalars.setdefault(f"histogram:{value.tag}", [])
+            else:
+                scalars.setdefault(value.tag, []).append(value.simple_value)
     return scalars
 
 
@@ -45,6 +48,9 @@ def test_every_trial_directory_has_tensorboard_scalars_equal_to_its_reports(smok
         for metric in ("test/halted_accuracy", "test/mean_halting_step", "nan_events"):
             written = [float(r[metric]) for r in reports]
             assert scalars[f"ray/tune/{metric}"] == pytest.approx(written, rel=1e-6), (trial.name, metric)
+        # scalars only (`study.runner.ScalarTensorBoard`): the per-step lists are no histograms
+        assert isinstance(reports[0]["test/per_step_accuracy"], list)
+        assert not [tag for tag in scalars if tag.startswith("histogram:")], trial.name
 
 
 def test_the_journal_opens_as_optuna_dashboard_opens_it(smoke: tuple[Path, Any], tmp_path: Path) -> None:
