@@ -52,7 +52,6 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from ponder.config import CONFIGS, resolve_config
 from ponder.metrics import CHANCE, SET_LIST_METRICS, SET_METRICS, TIMING_KEYS, TRAIN_METRICS
@@ -506,27 +505,22 @@ def _table(rows: list[dict[str, Any]], schema: pa.Schema, stand_ins: Mapping[str
     value) as nulls; every other value is kept as it is.
 
     Arrow converts whole columns at once; if it refuses a value as the column's type (a float
-    where an int goes), every value is converted first. Nulls follow one rule either way: in
-    Python on the rows as they come (a trial's fragment is a row or a few, and a few hundred
-    float columns cost an Arrow kernel call or four each, about 13 ms a table), in Arrow over the
-    converted columns otherwise."""
+    where an int goes), every value is converted first. Nulls are set in Python on the rows
+    either way, before Arrow converts them: a trial's fragment is a row or a few, and an Arrow
+    pass over its ~170 float columns cost a few kernel calls each, about 13 ms a table."""
     floats = [f.name for f in schema if pa.types.is_floating(f.type)]
     float_lists = [
         f.name for f in schema if pa.types.is_list(f.type) and pa.types.is_floating(f.type.value_type)
     ]
-    cleaned = [_finite_row(row, floats, float_lists, stand_ins) for row in rows]
+
+    def finite(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [_finite_row(row, floats, float_lists, stand_ins) for row in rows]
+
     try:
-        return pa.Table.from_pylist(cleaned, schema=schema)
+        return pa.Table.from_pylist(finite(rows), schema=schema)
     except (pa.ArrowInvalid, pa.ArrowTypeError):
-        columns = {f.name: [_coerce(row.get(f.name), f.type) for row in rows] for f in schema}
-        table = pa.Table.from_pydict(columns, schema=schema)
-    for i, f in enumerate(schema):
-        if pa.types.is_floating(f.type) or (
-            pa.types.is_list(f.type) and pa.types.is_floating(f.type.value_type)
-        ):
-            column = _nulls_for_non_finite(table.column(i).combine_chunks(), stand_ins.get(f.name))
-            table = table.set_column(i, f, column)
-    return table
+        coerced = [{f.name: _coerce(row.get(f.name), f.type) for f in schema} for row in rows]
+        return pa.Table.from_pylist(finite(coerced), schema=schema)
 
 
 def _finite_row(
@@ -550,14 +544,3 @@ def _not_a_value(value: Any, stand_in: float | None) -> bool:
     if not isinstance(value, numbers.Real) or isinstance(value, bool):
         return False
     return not math.isfinite(value) or (stand_in is not None and value == stand_in)
-
-
-def _nulls_for_non_finite(column: pa.Array, stand_in: float | None) -> pa.Array:
-    """NaN and +-inf (and, in an objective's column, its stand-in value) become null."""
-    if isinstance(column, pa.ListArray):
-        values = _nulls_for_non_finite(column.values, stand_in)
-        return pa.ListArray.from_arrays(column.offsets, values, mask=column.is_null())
-    bad = pc.invert(pc.is_finite(column))
-    if stand_in is not None:
-        bad = pc.or_(bad, pc.equal(column, stand_in))
-    return pc.if_else(pc.fill_null(bad, False), pa.nulls(len(column), column.type), column)
