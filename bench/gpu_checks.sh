@@ -5,9 +5,14 @@
 #      status, and `evaluate` of its best trial on the GPU and on the CPU;
 #   3. bench/iteration_speed.py --device cuda: seeds, eager, compiled (CUDA graphs), compiled without;
 #   4. bench/gpu_packing.py (trials per GPU against throughput);
-#   5. tests/study/test_gpu.py (step 3 as a test), if time is left.
+#   5. tests/study/test_gpu.py (step 2 as a test);
+#   6. issue 12's figures on the GPU, if time is left: bench/iteration_speed.py --task mnist,
+#      bench/study_throughput.py --gpu 0.25 (a study's wall time, default against eager) and
+#      bench/time_to_accuracy.py --device cuda (three seeds, with a compile cache of its own).
 # Each step has its own time limit, so one that hangs leaves time to the rest; every log goes to
-# OUT_DIR (default results/gpu-checks), the figures at the end of each.
+# OUT_DIR (default results/gpu-checks), the figures at the end of each. The limits are what each
+# step needed on an H200 (2026-11-26), with some margin: steps 1-5 fit in 9 minutes, step 6 needs
+# about 11 more, so a 15-minute lending runs 1-5 and then what it can of 6 (GPU_CHECKS_SKIP).
 #
 #   bash bench/gpu_checks.sh [OUT_DIR]
 # PYTHON=... picks the interpreter (default: .venv's, else python3); GPU_CHECKS_BUDGET_S the whole
@@ -72,10 +77,14 @@ cols = [c for c in ["trial_id", "status", "device", "gpu_ids", "max_steps", "ite
 print(df[cols].to_string())
 EOF
 
-step iteration-speed 130 "$PYTHON" bench/iteration_speed.py --device cuda --iterations 400 --rounds 2 --warmup 20
+step iteration-speed 190 "$PYTHON" bench/iteration_speed.py --device cuda --iterations 400 --rounds 2 --warmup 20
 
-step gpu-packing 130 "$PYTHON" bench/gpu_packing.py --packings 1,2,4,8 --iterations 1000 --eval-interval 250 --out "$OUT_DIR/packing.json"
+step gpu-packing 200 "$PYTHON" bench/gpu_packing.py --packings 1,2,4,8 --iterations 1000 --eval-interval 250 --out "$OUT_DIR/packing.json"
 
 step study-test 80 "$PYTHON" -m pytest -p no:cacheprovider -v -rs tests/study/test_gpu.py
+
+step iteration-speed-mnist 130 "$PYTHON" bench/iteration_speed.py --task mnist --device cuda --iterations 300 --rounds 2 --warmup 20
+step study-throughput 330 "$PYTHON" bench/study_throughput.py --gpu 0.25
+step time-to-accuracy 210 env PONDER_STUDY_CACHE="$OUT_DIR/cache-tta" "$PYTHON" bench/time_to_accuracy.py --device cuda --seeds 0,1,2 --budget 60
 "$PYTHON" -m ray.scripts.scripts stop --force >/dev/null 2>&1 || true
 cat "$OUT_DIR/summary.txt"

@@ -7,14 +7,23 @@ trials at a time on one CPU each. Each study is the real command (``ponder-study
 local Ray instance) in a fresh process, timed from start to exit. Modes, in this order:
 
 - ``eager``: ``compile = "off"``, the baseline;
-- ``default``: the config's default (``auto``: see `ponder.compiled.should_compile`);
+- ``default``: the config's default (``auto``: see `ponder.compiled.should_compile`), with an
+  empty Inductor cache;
 - ``compiled``: ``compile = "on"``, first with an empty Inductor cache (``cold``), then again with
   the cache the first run filled (``warm``), as a second study on the same machine would.
 
+Where the default compiles (``--gpu``: on CUDA), ``compiled`` is the default, so the modes are
+``eager``, ``default cold`` and ``default warm``.
+
+``--gpu FRACTION`` runs the trials on the GPU, ``FRACTION`` of it each (0.25: all four at once
+on one GPU), instead of two at a time on one CPU each.
+
 With ``--shipped`` it also times the shipped ``parity`` study (what ``make study`` runs) in the
-default mode and in eager. The last line is ``ratio <default / eager>`` for the four-trial study.
+default mode and in eager. The last line is ``ratio <default / eager>`` for the four-trial study
+(the default's first run, with the empty cache).
 
     .venv/bin/python bench/study_throughput.py [--iterations 10000] [--vary-max-steps] [--shipped]
+        [--gpu 0.25]
 """
 
 from __future__ import annotations
@@ -50,7 +59,7 @@ values = {second_values}
 
 [search]
 sampler = "grid"
-max_concurrent = 2
+max_concurrent = {concurrent}
 
 [scheduler]
 metric = "test/halted_accuracy"
@@ -59,11 +68,11 @@ grace_period = {iterations}  # every trial runs its whole budget
 
 [resources]
 cpu = 1
-gpu = 0
+gpu = {gpu}
 """
 
 
-def study_spec(iterations: int, compile: str, vary_max_steps: bool) -> str:
+def study_spec(iterations: int, compile: str, vary_max_steps: bool, gpu: float = 0.0) -> str:
     second, values, fixed = (
         ("max_steps", "[10, 20]", "beta = 0.01")
         if vary_max_steps
@@ -76,6 +85,8 @@ def study_spec(iterations: int, compile: str, vary_max_steps: bool) -> str:
         fixed=fixed,
         second=second,
         second_values=values,
+        concurrent=min(4, int(1 / gpu)) if gpu else 2,
+        gpu=gpu,
     )
 
 
@@ -110,32 +121,49 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=10_000, help="iterations per trial")
     parser.add_argument("--vary-max-steps", action="store_true", help="max_steps 10 and 20 across trials")
     parser.add_argument("--shipped", action="store_true", help="also time the shipped parity study")
+    parser.add_argument(
+        "--gpu", type=float, default=0.0, help="fraction of the GPU per trial (default 0: the CPU)"
+    )
     args = parser.parse_args()
+    if not 0 <= args.gpu <= 1:
+        parser.error(f"--gpu {args.gpu}: give a fraction of one GPU, between 0 and 1")
 
+    sys.path.insert(0, str(REPO))
+    import torch
+
+    from ponder.compiled import should_compile
+
+    default_compiles = should_compile("auto", torch.device("cuda" if args.gpu else "cpu"))
+    # (label, compile mode, cache): each cache starts empty, and a "warm" run reuses its cold run's
+    modes = (
+        [("eager", "off", "eager"), ("default cold", "auto", "default"), ("default warm", "auto", "default")]
+        if default_compiles
+        else [
+            ("eager", "off", "eager"),
+            ("default", "auto", "default"),
+            ("compiled cold", "on", "compiled"),
+            ("compiled warm", "on", "compiled"),
+        ]
+    )
     with tempfile.TemporaryDirectory(prefix="study_throughput.") as tmp:
         root = Path(tmp)
-        cache = root / "cache"  # empty: the first compiled study compiles cold
         times: dict[str, float] = {}
-        for label, mode in (
-            ("eager", "off"),
-            ("default", "auto"),
-            ("compiled cold", "on"),
-            ("compiled warm", "on"),
-        ):
+        for label, mode, cache in modes:
             spec = root / f"{label.replace(' ', '-')}.toml"
-            spec.write_text(study_spec(args.iterations, mode, args.vary_max_steps))
-            times[label] = run(str(spec), label.replace(" ", "-"), root / "results", cache)
+            spec.write_text(study_spec(args.iterations, mode, args.vary_max_steps, args.gpu))
+            times[label] = run(str(spec), label.replace(" ", "-"), root / "results", root / f"cache-{cache}")
             ratio = times[label] / times["eager"]
             print(f"{label:14s} compile={mode:4s} {times[label]:7.1f} s  {ratio:.2f}x eager", flush=True)
+        default = times.get("default", times.get("default cold", 0.0))
         if args.shipped:
             shipped: dict[str, float] = {}
             for label, mode in (("eager", "off"), ("default", None)):
                 spec = root / f"parity-{label}.toml"
                 spec.write_text(shipped_spec(mode))
-                shipped[label] = run(str(spec), f"parity-{label}", root / "results", cache)
+                shipped[label] = run(str(spec), f"parity-{label}", root / "results", root / "cache-default")
                 print(f"shipped parity, {label:7s} {shipped[label]:7.1f} s", flush=True)
             print(f"shipped parity: default / eager {shipped['default'] / shipped['eager']:.2f}")
-        print(f"ratio {times['default'] / times['eager']:.2f}")
+        print(f"ratio {default / times['eager']:.2f}")
 
 
 if __name__ == "__main__":
