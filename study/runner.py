@@ -18,10 +18,12 @@ import contextlib
 import copy
 import json
 import logging
+import math
 import os
 import pickle
 import signal
 import sys
+import time
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -34,11 +36,15 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import ray
 from ray import tune
+from ray.air.constants import TRAINING_ITERATION
 from ray.train._internal.session import _TrainingResult
 from ray.tune import Callback, CLIReporter
 from ray.tune.experiment import Trial
 from ray.tune.logger import TBXLoggerCallback
+from ray.tune.logger.tensorboardx import VALID_SUMMARY_TYPES
+from ray.tune.result import TIME_TOTAL_S, TIMESTEPS_TOTAL
 from ray.tune.search import ConcurrencyLimiter
+from ray.tune.utils import flatten_dict
 
 from study import journal_copy
 from study.dataset import write_study_table
@@ -475,22 +481,82 @@ def _reporter(spec: StudySpec) -> CLIReporter:
     )
 
 
+_SCALAR_TYPES: tuple[type[Any], ...] = tuple(VALID_SUMMARY_TYPES)
+
+
+class _EventFile:
+    """A trial's TensorBoard event file, written in the driver's thread: what Tune's logger uses
+    of tensorboardX's ``SummaryWriter`` (``file_writer.add_summary``, ``flush``, ``close``), without
+    the writer thread and ``multiprocessing.Queue`` each ``SummaryWriter`` starts (about 4 ms a
+    trial to start and close; bench/driver_scale.py)."""
+
+    def __init__(self, logdir: str, flush_secs: int = 30) -> None:
+        from tensorboardX.event_file_writer import EventsWriter  # imported without torch (ScalarTensorBoard)
+
+        self._events = EventsWriter(os.path.join(logdir, "events"))  # events.out.tfevents.<time>.<host>
+
+    @property
+    def file_writer(self) -> _EventFile:
+        return self
+
+    def add_summary(self, summary: Any, global_step: int | None = None) -> None:
+        from tensorboardX.proto import event_pb2
+
+        event = event_pb2.Event(summary=summary, wall_time=time.time())
+        if global_step is not None:
+            event.step = int(global_step)
+        self._events.write_event(event)
+
+    def flush(self) -> None:
+        self._events.flush()
+
+    def close(self) -> None:
+        self._events.close()
+
+
 class ScalarTensorBoard(TBXLoggerCallback):
-    """Tune's TensorBoard logger, scalars only: a list-valued metric (per-step accuracy, the
-    halting distribution) is left out instead of drawn as a histogram. A histogram of such a list
-    bins its values and loses the step they belong to, so it shows nothing worth reading (the
-    lists are in the history Parquet and the report), and drawing six of them per report was the
-    largest part of the driver's cost per report (`bench/driver_scale.py`, docs/parquet.md)."""
+    """Tune's TensorBoard logger, scalars only, one event per report, written in the driver's thread.
+
+    A list-valued metric (per-step accuracy, the halting distribution) is left out instead of
+    drawn as a histogram: a histogram of such a list bins its values and loses the step they
+    belong to (the lists are in the history Parquet and the report). A report's ~40 scalars go
+    into one event (one TensorBoard ``Summary`` with a value per tag, the tags Tune gives them)
+    instead of one each, and the events go straight to the file (`_EventFile`): tensorboardX
+    hands every event to a writer thread through a ``multiprocessing.Queue``, which cost the
+    driver about 2 ms a report against 0.3 ms for the one event (bench/driver_scale.py,
+    docs/parquet.md). Trial start and end (the HParams summary included) are Tune's."""
+
+    _SKIPPED = frozenset({"config", "pid", "timestamp", TIME_TOTAL_S, TRAINING_ITERATION})
+    """Keys Tune's logger leaves out of TensorBoard."""
+
+    def __init__(self) -> None:
+        import_tensorboardx_without_torch()  # before Tune's __init__ imports it
+        super().__init__()  # type: ignore[no-untyped-call]
+        self._summary_writer_cls = _EventFile
 
     def log_trial_result(self, iteration: int, trial: Trial, result: dict[str, Any]) -> None:
-        scalars = {k: v for k, v in result.items() if not isinstance(v, list)}
-        super().log_trial_result(iteration, trial, scalars)
+        if trial not in self._trial_writer:
+            self.log_trial_start(trial)
+        step = result.get(TIMESTEPS_TOTAL) or result[TRAINING_ITERATION]
+        flat: dict[str, Any] = flatten_dict(
+            {k: v for k, v in result.items() if k not in self._SKIPPED}, delimiter="/"
+        )
+        scalars = {  # Tune's rule: its numeric types (bool is an int), NaN left out
+            f"ray/tune/{k}": v for k, v in flat.items() if isinstance(v, _SCALAR_TYPES) and not math.isnan(v)
+        }
+        from tensorboardX.proto.summary_pb2 import Summary
+
+        summary = Summary(value=[Summary.Value(tag=tag, simple_value=float(v)) for tag, v in scalars.items()])
+        writer = self._trial_writer[trial]
+        writer.file_writer.add_summary(summary, global_step=step)
+        writer.flush()
+        self._trial_result[trial] = scalars  # what log_trial_end gives TensorBoard's HParams view
 
 
 def study_callbacks(spec: StudySpec, paths: StudyPaths) -> list[Callback]:
     """The study's own callbacks for Tune: the Parquet, and TensorBoard's scalars (in place of
     Tune's default TensorBoard logger; its JSON and CSV loggers stay)."""
-    return [ParquetCallback(paths, spec), ScalarTensorBoard()]  # type: ignore[no-untyped-call]
+    return [ParquetCallback(paths, spec), ScalarTensorBoard()]
 
 
 def _run_config(spec: StudySpec, paths: StudyPaths, verbose: int) -> tune.RunConfig:
@@ -1020,7 +1086,7 @@ def import_tensorboardx_without_torch() -> None:
         return
     sys.modules["torch"] = None  # type: ignore[assignment]  # `import torch` raises ImportError
     try:
-        import tensorboardX  # type: ignore[import-untyped]  # noqa: F401
+        import tensorboardX  # noqa: F401
     except ImportError:  # not installed: Tune then writes no event files, as before
         pass
     finally:
