@@ -42,6 +42,7 @@ import contextlib
 import logging
 import os
 import re
+import shutil
 import statistics
 import sys
 import tempfile
@@ -264,13 +265,14 @@ def run_study(
     if in_prefix:
         prefix.__exit__(None, None, None)
     wall = time.perf_counter() - wall
-    # the study's end: Tune's final save (forced), then runner._fit's final export
+    # the study's end: Tune's final save (forced), then runner._fit's final export (from Tune's
+    # saved state, as _fit does however the run ended)
     t0 = time.perf_counter()
     controller.checkpoint(force=True, wait=True)
-    from study.runner import write_tables
+    from study.runner import _export_experiment
 
     t1 = time.perf_counter()
-    write_tables(paths, spec, controller.get_trials())
+    _export_experiment(spec, paths)
     final = time.perf_counter() - t0
     final_export = time.perf_counter() - t1
     window = range(max(0, n - args.window), n)
@@ -430,6 +432,7 @@ def main() -> None:
     parser.add_argument("--s3", action="store_true", help="store the studies on moto's S3 server")
     parser.add_argument("--fast-prefix", action="store_true", help="time only the last --window trials")
     parser.add_argument("--no-recipes", action="store_true", help="skip the Parquet recipes' timing")
+    parser.add_argument("--keep", action="store_true", help="keep the studies' directory (printed)")
     parser.add_argument("--quick", action="store_true", help="sizes 20 60, a smoke check")
     parser.add_argument(
         "--real", action="store_true", help="real parity-smoke trials through the CLI (sizes 20 100 500)"
@@ -488,6 +491,10 @@ def main() -> None:
         ray.shutdown()
         if server is not None:
             server.stop()
+        if args.keep:
+            print(f"the studies are in {tmp}")
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)  # 2,000 trials' directories: hundreds of MB
     print(f"growth {rows[-1]['cost'] / rows[0]['cost']:.2f}")
 
 

@@ -30,6 +30,7 @@ from study.lease import LeaseHeld, hold_lease
 from study.storage import (
     StudyPaths,
     join,
+    parquet_from_bytes,
     read_bytes,
     read_table,
     resolve,
@@ -128,7 +129,7 @@ def _widen_files(paths: StudyPaths, kind: str, schema: pa.Schema, skip: str | No
         if path == skipped:
             continue
         with fs.open_input_stream(path) as f:
-            table = pq.read_table(pa.BufferReader(f.readall()))
+            table = parquet_from_bytes(f.readall())
         if table.schema.names != schema.names:
             # a column only it has (written meanwhile) stays: conforming never drops data
             conformed = conform(table, _union(schema, table))

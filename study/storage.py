@@ -42,6 +42,7 @@ import re
 import shutil
 import tempfile
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -65,6 +66,7 @@ __all__ = [
     "join",
     "journal_cache",
     "list_studies",
+    "parquet_from_bytes",
     "read_bytes",
     "read_json",
     "read_study_table",
@@ -433,9 +435,19 @@ def _read_study_table(paths: StudyPaths, kind: str) -> pa.Table | None:
     tables: list[pa.Table] = []
     fragment_ids: set[str] = set()
     compacted: pa.Table | None = None
-    for path in table_files(paths, kind):
+
+    def load(path: str) -> pa.Table:
         with fs.open_input_stream(path) as f:  # read whole in one go (see read_table)
-            table = pq.read_table(pa.BufferReader(f.readall()))
+            return parquet_from_bytes(f.readall())
+
+    files = table_files(paths, kind)
+    # a running study of 2,000 trials has 2,000 small files a table: read a few at once (Arrow
+    # decodes, and the storage answers, without Python's lock), about one per core: more only
+    # contend (2,000 history fragments on 2 cores: 6-8 s one by one, 2.3-2.9 s with 2 threads,
+    # 3-5.5 s with 8)
+    with ThreadPoolExecutor(max_workers=max(1, min(os.cpu_count() or 1, 8, len(files)))) as pool:
+        loaded = list(pool.map(load, files))
+    for path, table in zip(files, loaded, strict=True):
         if path.rsplit("/", 1)[-1].startswith(FRAGMENT_PREFIX):
             fragment_ids.update(table.column("trial_id").to_pylist())
             tables.append(table)
@@ -455,7 +467,15 @@ def read_table(uri: str) -> pa.Table | None:
     """A Parquet file as an Arrow table, or None when there is no such file. Read whole in one
     go: pyarrow's own path reader opens a file twice, which a running study's rewrite can tear."""
     data = read_bytes(uri)
-    return None if data is None else pq.read_table(pa.BufferReader(data))
+    return None if data is None else parquet_from_bytes(data)
+
+
+def parquet_from_bytes(data: bytes) -> pa.Table:
+    """A whole Parquet file, in memory, as a table: `pq.ParquetFile` rather than `pq.read_table`,
+    whose dataset layer costs about 1 ms a file (a third of the time of a trial's fragment), and
+    Arrow's own threads only for a large file (a small one's columns are decoded faster than
+    handed out)."""
+    return pq.ParquetFile(pa.BufferReader(data)).read(use_threads=len(data) > 1 << 20)
 
 
 def list_studies(root: str) -> list[str]:
