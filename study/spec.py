@@ -86,7 +86,6 @@ from pydantic import ValidationError
 from ponder.config import CONFIGS, ConfigError, TaskConfig
 from ponder.metrics import SET_LIST_METRICS, SET_METRICS, TRAIN_METRICS, eval_set_names
 from study.spec_models import (
-    DOCUMENT,
     SAMPLERS,
     Range,
     ResourcesSpec,
@@ -94,6 +93,7 @@ from study.spec_models import (
     SchedulerSpec,
     SearchSpec,
     Values,
+    document,
     field_types,
     first_error,
     json_schema,
@@ -335,7 +335,7 @@ def parse_spec(text: str, name: str, *, origin: str | None = None) -> StudySpec:
     except tomllib.TOMLDecodeError as exc:
         _fail("", f"{origin or f'spec {name!r}'}: not valid TOML: {exc}")
     try:
-        doc = DOCUMENT.validate_python(raw)
+        doc = document().validate_python(raw)
     except ValidationError as exc:
         key, line = first_error(exc)
         raise SpecError(line, key) from None

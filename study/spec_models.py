@@ -12,6 +12,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import difflib
+import functools
 import importlib.util
 import inspect
 import itertools
@@ -51,7 +52,6 @@ from ponder.config import CONFIGS
 from study.storage import StorageError, expand_storage
 
 __all__ = [
-    "DOCUMENT",
     "NOT_SEARCHABLE",
     "SAMPLERS",
     "Range",
@@ -60,6 +60,7 @@ __all__ = [
     "SchedulerSpec",
     "SearchSpec",
     "Values",
+    "document",
     "field_types",
     "first_error",
     "json_schema",
@@ -377,9 +378,21 @@ def _task_model(task: str) -> type[_Spec]:
     return model
 
 
-_MODELS = {task: _task_model(task) for task in CONFIGS}
-_ANY_TASK: Any = Annotated[Union[tuple(_MODELS.values())], Field(discriminator="task")]  # noqa: UP007
-DOCUMENT: TypeAdapter[_Spec] = TypeAdapter(_ANY_TASK)
+@functools.cache
+def document() -> TypeAdapter[_Spec]:
+    """The whole spec document: a union of the tasks' models, told apart by ``task``.
+
+    Built at first use, not at import: the task models are made with `create_model`, and pydantic
+    looks for each one's field docstrings by walking the caller's frames, each frame that is not
+    a module's file (an import's) costing a scan of ``sys.modules``. Built at import, under the
+    frames of Ray's and this project's imports, that was 0.6 s of every trial's start in a Ray
+    worker (profiled), which never parses a spec."""
+    any_task: Any = Annotated[
+        Union[tuple(_task_model(task) for task in CONFIGS)], Field(discriminator="task")
+    ]  # noqa: UP007
+    return TypeAdapter(any_task)
+
+
 _TABLE_MODELS: dict[str, type[_Table]] = {
     "search": SearchSpec,
     "scheduler": SchedulerSpec,
@@ -390,7 +403,7 @@ _TABLE_MODELS: dict[str, type[_Table]] = {
 
 def json_schema() -> dict[str, Any]:
     """The JSON Schema of a spec's TOML document (``ponder-study schema``, ``specs/spec.schema.json``)."""
-    schema = _drop_null_defaults(DOCUMENT.json_schema())
+    schema = _drop_null_defaults(document().json_schema())
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "title": "ponder-study spec",
