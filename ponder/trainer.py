@@ -119,7 +119,8 @@ class Trainer:
         self.model = task.model
         self.sample_batch = task.sample_batch
         self.eval_sets = task.eval_sets
-        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=config.lr, fused=True)
+        self._optimizer: torch.optim.Adam | None = None  # made at first use (`optimizer`)
+        self._optimizer_state: dict[str, Any] | None = None  # a checkpoint's, until then
         self.generator = torch.Generator(device=self.device).manual_seed(config.seed)
         self.log_prior = log_geometric_prior(config.lambda_p, config.max_steps, config.prior_tail).to(
             self.device
@@ -136,6 +137,18 @@ class Trainer:
         self._sums = {"loss": 0.0, "loss_rec": 0.0, "loss_reg": 0.0, "grad_norm": 0.0}
         self._finite_steps = 0  # finite iterations since the last evaluation
         self._interval_start = (0, 0.0)  # (iteration, train_time_s) at the last evaluation
+
+    @property
+    def optimizer(self) -> torch.optim.Adam:
+        """Adam over the model's weights, made at first use with the checkpoint's state if one was
+        loaded: a torch optimizer imports ``torch._dynamo`` at its first call (about 1.5 s of CPU
+        here, measured), which evaluating a checkpoint never needs."""
+        if self._optimizer is None:
+            self._optimizer = torch.optim.Adam(self.model.parameters(), lr=self.config.lr, fused=True)
+            if self._optimizer_state is not None:
+                self._optimizer.load_state_dict(self._optimizer_state)
+                self._optimizer_state = None
+        return self._optimizer
 
     # -- the loss ---------------------------------------------------------------------------
     def loss(self, out: PonderOutput, y: torch.Tensor) -> Losses:
@@ -297,7 +310,11 @@ class Trainer:
         state: dict[str, Any] = {
             "config": self.config.to_dict(),
             "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
+            "optimizer": (
+                self._optimizer_state
+                if self._optimizer is None and self._optimizer_state is not None
+                else self.optimizer.state_dict()
+            ),
             "generator": self.generator.get_state(),
             "generator_device": self.device.type,  # a CUDA generator's state is not a CPU one's
             "torch_rng": torch.get_rng_state(),
@@ -316,7 +333,7 @@ class Trainer:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what `state_dict` saved (the config must match this trainer's)."""
         self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        self._optimizer, self._optimizer_state = None, state["optimizer"]  # loaded at first use
         if _generator_device(state) == self.device.type:
             self.generator.set_state(state["generator"])
         else:

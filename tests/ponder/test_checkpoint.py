@@ -5,6 +5,8 @@ from __future__ import annotations
 import io
 import os
 import pickle
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -34,6 +36,38 @@ def test_a_checkpoint_loads_the_same_from_a_path_and_from_its_bytes(tmp_path: Pa
     for restored in (from_path, from_bytes):
         assert restored.iteration == 3 and _same_weights(trainer, restored)
     assert from_path.evaluate() == from_bytes.evaluate() == trainer.evaluate()
+
+
+def test_a_loaded_checkpoint_keeps_adams_state_until_it_trains_on(tmp_path: Path) -> None:
+    """The optimizer is made at first use: a checkpoint loaded and saved again without training
+    keeps Adam's moments, and a run resumed from it steps as the original does."""
+    trainer = _trained()
+    trainer.save(tmp_path / "t.pt")
+    loaded = Trainer.from_checkpoint(tmp_path / "t.pt")
+    loaded.save(tmp_path / "again.pt")  # never trained here: Adam's state passed through as loaded
+    first, again = (torch.load(tmp_path / f, weights_only=True)["optimizer"] for f in ("t.pt", "again.pt"))
+    assert first["param_groups"] == again["param_groups"] and len(again["state"]) == len(first["state"]) > 0
+    for key, moments in first["state"].items():
+        assert all(torch.equal(v, again["state"][key][k]) for k, v in moments.items())
+    resumed = Trainer.from_checkpoint(tmp_path / "again.pt")
+    trainer.train_step(), resumed.train_step()
+    assert _same_weights(trainer, resumed)
+
+
+def test_evaluating_a_checkpoint_never_imports_dynamo(tmp_path: Path) -> None:
+    """``ponder-study evaluate`` loads and evaluates checkpoints: a torch optimizer's first call
+    imports ``torch._dynamo`` (about 1.5 s of CPU), so the optimizer is not made for that."""
+    _trained().save(tmp_path / "t.pt")
+    code = (
+        "import sys\nfrom ponder.trainer import Trainer\n"
+        f"Trainer.from_checkpoint({str(tmp_path / 't.pt')!r}).evaluate()\n"
+        "assert 'torch._dynamo' not in sys.modules\n"
+        "Trainer.from_checkpoint({path!r}).train_step()\n"
+        "print('torch._dynamo' in sys.modules)\n"
+    ).replace("{path!r}", repr(str(tmp_path / "t.pt")))
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip() == "True"  # training makes it: the check above could fail
 
 
 @pytest.mark.parametrize("written", ["now", "before-generator_device"])
