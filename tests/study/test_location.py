@@ -19,7 +19,7 @@ from study.parquet import ranked_trials
 from study.search import TUNE_ID_ATTR, optuna_storage
 from study.spec import load_spec
 from study.storage import StudyPaths
-from tests.study.conftest import S3, Driver, cli, finished, history, trials
+from tests.study.conftest import S3, Driver, cli, finished, history, longer_smoke, trials
 
 pytestmark = pytest.mark.slow
 ENDED = ["completed", "early_stopped", "diverged"]
@@ -56,7 +56,8 @@ def test_a_study_made_with_the_default_storage_resumes_from_another_directory(
     experiment, write under the working directory and leave the Parquet with one trial."""
     project, elsewhere = tmp_path / "project", tmp_path / "elsewhere"
     project.mkdir(), elsewhere.mkdir()
-    d = driver("run", "parity-smoke", "--name", "x", "--num-samples", "4", cwd=project)  # storage: results
+    # storage: the spec's, results under the working directory
+    d = driver("run", longer_smoke(tmp_path), "--name", "x", "--num-samples", "4", cwd=project)
     storage = project / "results"
     d.wait_until(finished(storage, "x", at_least=1))
     assert d.interrupt() == 130
@@ -78,7 +79,7 @@ def test_a_copy_resumes_and_reads_with_the_original_gone(
     evaluate of the copy, from another folder; nothing reappears at the old place."""
     old, new, cwd = tmp_path / "old", tmp_path / "new", tmp_path / "cwd"
     cwd.mkdir()
-    d = driver("run", "parity-smoke", "--name", "c", "--num-samples", "4", "--storage", str(old))
+    d = driver("run", longer_smoke(tmp_path), "--name", "c", "--num-samples", "4", "--storage", str(old))
     d.wait_until(finished(old, "c", at_least=1))
     assert d.interrupt() == 130
     before = trials(old, "c").query("status in @ENDED").set_index("trial_id")

@@ -15,7 +15,7 @@ import pytest
 
 from study.spec import load_spec
 from study.storage import StudyPaths
-from tests.study.conftest import REPO, Driver, cli, finished, history, ledger_has, trials
+from tests.study.conftest import Driver, cli, finished, history, ledger_has, longer_smoke, trials
 
 pytestmark = pytest.mark.slow
 NAME = "parity-smoke"
@@ -90,24 +90,9 @@ def _resume_and_check(storage: Path, tmp_path: Path, table: str = "quiet") -> pd
     return after
 
 
-def _longer_smoke(where: Path) -> str:
-    """``parity-smoke`` with trials ten times longer (and rungs to match), saved as a spec file of
-    the same name: the smoke study's other trials can all end in the moment between two of them
-    having ended and a Ctrl-C landing (seen in CI here: the study finished first, exit 0)."""
-    spec = where / f"{NAME}.toml"
-    spec.write_text(
-        (REPO / "study" / "specs" / f"{NAME}.toml")
-        .read_text()
-        .replace("iterations = 60", "iterations = 600")
-        .replace("eval_interval = 10", "eval_interval = 100")
-        .replace("grace_period = 10", "grace_period = 100")
-    )
-    return str(spec)
-
-
 @TABLE
 def test_ctrl_c_then_resume(driver: Callable[..., Driver], tmp_path: Path, table: str) -> None:
-    d = driver("run", _longer_smoke(tmp_path), "--storage", str(tmp_path), *_flags(table))
+    d = driver("run", longer_smoke(tmp_path), "--storage", str(tmp_path), *_flags(table))
     d.wait_until(finished(tmp_path, NAME, at_least=2))
     assert d.interrupt() == 130
     assert f"ponder-study resume {NAME}" in d.output()
