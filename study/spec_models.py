@@ -385,8 +385,8 @@ def document() -> TypeAdapter[_Spec]:
     Built at first use, not at import: the task models are made with `create_model`, and pydantic
     looks for each one's field docstrings by walking the caller's frames, each frame that is not
     a module's file (an import's) costing a scan of ``sys.modules``. Built at import, under the
-    frames of Ray's and this project's imports, that was 0.6 s of every trial's start in a Ray
-    worker (profiled), which never parses a spec."""
+    frames of Ray's and this project's imports, that was 0.6 s of CPU at the start of every Ray
+    worker that runs trials (profiled), and a trial never parses a spec."""
     any_task: Any = Annotated[
         Union[tuple(_task_model(task) for task in CONFIGS)], Field(discriminator="task")
     ]  # noqa: UP007
