@@ -387,9 +387,8 @@ def document() -> TypeAdapter[_Spec]:
     a module's file (an import's) costing a scan of ``sys.modules``. Built at import, under the
     frames of Ray's and this project's imports, that was 0.6 s of CPU at the start of every Ray
     worker that runs trials (profiled), and a trial never parses a spec."""
-    any_task: Any = Annotated[
-        Union[tuple(_task_model(task) for task in CONFIGS)], Field(discriminator="task")
-    ]  # noqa: UP007
+    models = tuple(_task_model(task) for task in CONFIGS)
+    any_task: Any = Annotated[Union[models], Field(discriminator="task")]  # noqa: UP007
     return TypeAdapter(any_task)
 
 
