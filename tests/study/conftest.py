@@ -241,17 +241,17 @@ def finished(storage: Path, name: str, at_least: int) -> Callable[[], bool]:
     return check
 
 
-def longer_smoke(where: Path) -> str:
-    """``parity-smoke`` with trials ten times longer (and rungs to match), saved as a spec file of
+def longer_smoke(where: Path, times: int = 10) -> str:
+    """``parity-smoke`` with trials ``times`` longer (and rungs to match), saved as a spec file of
     the same name in ``where``: for a Ctrl-C after some trials ended, which the smoke study's
     60-iteration trials can all beat (seen: the study finished first and exited 0)."""
     spec = where / "parity-smoke.toml"
     spec.write_text(
         (REPO / "study" / "specs" / "parity-smoke.toml")
         .read_text()
-        .replace("iterations = 60", "iterations = 600")
-        .replace("eval_interval = 10", "eval_interval = 100")
-        .replace("grace_period = 10", "grace_period = 100")
+        .replace("iterations = 60", f"iterations = {60 * times}")
+        .replace("eval_interval = 10", f"eval_interval = {10 * times}")
+        .replace("grace_period = 10", f"grace_period = {10 * times}")
     )
     return str(spec)
 

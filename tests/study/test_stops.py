@@ -17,7 +17,7 @@ import pytest
 
 from study.spec import MAX_NAME_LENGTH, load_spec
 from study.storage import StorageError, StudyPaths, expand_storage
-from tests.study.conftest import CLI, REPO, S3, Driver, cli, driver_env, trials
+from tests.study.conftest import CLI, REPO, S3, Driver, cli, driver_env, longer_smoke, trials
 
 ENDED = ["completed", "early_stopped", "diverged"]
 
@@ -291,15 +291,8 @@ def test_ctrl_c_early_exits_130_with_the_hint_and_rays_processes_go_with_it(
         # once the first trial is about to start (its started record, written to the storage
         # before it can; Tune's own trial folders reach the storage later). A fixed 8 s delay
         # came after the whole smoke study's end on a quiet machine, so these trials train longer
-        spec = tmp_path / "parity-smoke.toml"
-        spec.write_text(
-            (REPO / "study" / "specs" / "parity-smoke.toml")
-            .read_text()
-            .replace("iterations = 60", "iterations = 3000")
-            .replace("eval_interval = 10", "eval_interval = 500")
-            .replace("grace_period = 10", "grace_period = 500")
-        )
-        d = driver("run", str(spec), "--storage", str(tmp_path / "st"), own_ray=True)
+        spec = longer_smoke(tmp_path, times=50)
+        d = driver("run", spec, "--storage", str(tmp_path / "st"), own_ray=True)
         started = Path(StudyPaths(str(tmp_path / "st"), "parity-smoke").started_dir)
         d.wait_until(lambda: any(started.glob("*.json")), timeout=120, poll=0.05)
     assert d.interrupt() == 130, d.output()[-3000:]
