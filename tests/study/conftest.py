@@ -19,6 +19,7 @@ import pandas as pd
 import pyarrow.fs as pafs
 import pytest
 
+from study.spec import parse_spec
 from study.storage import StudyPaths, read_study_table, read_table
 
 CLI = [sys.executable, "-m", "study"]
@@ -241,18 +242,33 @@ def finished(storage: Path, name: str, at_least: int) -> Callable[[], bool]:
     return check
 
 
-def longer_smoke(where: Path, times: int = 10) -> str:
-    """``parity-smoke`` with trials ``times`` longer (and rungs to match), saved as a spec file of
-    the same name in ``where``: for a Ctrl-C after some trials ended, which the smoke study's
-    60-iteration trials can all beat (seen: the study finished first and exited 0)."""
-    spec = where / "parity-smoke.toml"
-    spec.write_text(
+def smoke_source(times: int = 1, at_once: int = 2) -> str:
+    """The text of ``parity-smoke`` with trials ``times`` longer (rungs to match) and ``at_once``
+    trials at a time (the shipped spec's 2 by default).
+
+    ``times``: for a Ctrl-C after some trials ended, which the smoke study's 60-iteration trials
+    can all beat (seen: the study finished first and exited 0). ``at_once=1``: for a test whose
+    subject is not trials running side by side. Each trial at once is a Ray worker process, and
+    each costs about 4 s of CPU to start (Ray, Tune, torch). A smoke study used 14-18 s of CPU
+    with two at once and 10 s with one, in about the same wall time (docs/tests.md)."""
+    source = (
         (REPO / "study" / "specs" / "parity-smoke.toml")
         .read_text()
         .replace("iterations = 60", f"iterations = {60 * times}")
         .replace("eval_interval = 10", f"eval_interval = {10 * times}")
         .replace("grace_period = 10", f"grace_period = {10 * times}")
+        .replace("max_concurrent = 2", f"max_concurrent = {at_once}")
     )
+    made = parse_spec(source, "parity-smoke")  # the shipped lines this rewrites are still there
+    assert (made.iterations, made.search.max_concurrent) == (60 * times, at_once), source
+    return source
+
+
+def smoke_spec(where: Path, times: int = 1, at_once: int = 2) -> str:
+    """``smoke_source(times, at_once)`` saved as ``parity-smoke.toml`` in ``where``, so the
+    study is still named ``parity-smoke``; returns the file's path for ``run``."""
+    spec = where / "parity-smoke.toml"
+    spec.write_text(smoke_source(times, at_once))
     return str(spec)
 
 

@@ -14,8 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from study.spec import load_spec
-from tests.study.conftest import CLI, REPO, history, trials
+from tests.study.conftest import CLI, REPO, history, smoke_source, trials
 
 pytestmark = pytest.mark.slow
 BUDGET, EVERY, FAULT = 60, 10, 30
@@ -23,7 +22,7 @@ BUDGET, EVERY, FAULT = 60, 10, 30
 
 def test_a_trial_that_raises_once_is_retried_from_its_checkpoint(tmp_path: Path) -> None:
     spec = tmp_path / "faulty.toml"  # parity-smoke without early stopping: every trial meets the fault
-    spec.write_text(load_spec("parity-smoke").source.replace("grace_period = 10", f"grace_period = {BUDGET}"))
+    spec.write_text(smoke_source(at_once=1).replace("grace_period = 10", f"grace_period = {BUDGET}"))
     env = {**os.environ, "PONDER_STUDY_FAULT": f"raise@{FAULT}"}
     args = ["run", str(spec), "--name", "faulty", "--num-samples", "2", "--storage", str(tmp_path), "--quiet"]
     done = subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=300, cwd=REPO, env=env)

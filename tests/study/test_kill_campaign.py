@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.study.conftest import REPO
+from tests.study.conftest import REPO, smoke_spec
 
 pytestmark = pytest.mark.slow
 
@@ -46,7 +46,9 @@ def test_a_study_survives_sigkills_at_drawn_moments(tmp_path: Path) -> None:
 def test_a_study_survives_signals_and_the_pasted_resume(tmp_path: Path) -> None:
     """The same campaign's --signals mode: Ctrl-C once or twice, SIGTERM, SIGHUP (every fourth
     within a second of Optuna's "study created"); each driver exits 130 with no traceback and
-    its last line is the command the campaign runs next."""
-    survived, kills, report = _campaign(tmp_path, kills=3, seed=11, num_samples=4, signals=True)
+    its last line is the command the campaign runs next. One trial at a time: the subject is the
+    driver's signals, and the SIGKILL campaign above runs the shipped two at a time."""
+    spec = smoke_spec(tmp_path, at_once=1)
+    survived, kills, report = _campaign(tmp_path, kills=3, seed=11, num_samples=4, signals=True, spec=spec)
     assert len(kills) == 3 and survived == 3, report
     assert "every check held" in report, report

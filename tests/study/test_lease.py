@@ -19,7 +19,7 @@ import pytest
 from study.lease import LeaseHeld, hold_lease
 from study.search import optuna_storage
 from study.storage import StudyPaths, read_bytes
-from tests.study.conftest import REPO, S3, Driver, cli, trials
+from tests.study.conftest import REPO, S3, Driver, cli, smoke_spec, trials
 
 HOLD = textwrap.dedent(
     """
@@ -117,7 +117,8 @@ def test_two_drivers_of_one_study_at_once_one_is_refused(
     """Two `run` of one name started together (issue 10: both ran to the end, the journal held
     twice the trials): one is refused in one line before Ray starts, exit 2; the study has
     exactly its trials. While it runs, `resume` and `export` of it are refused the same way."""
-    args = ("run", "parity-smoke", "--name", "same", "--num-samples", "3", "--storage", str(tmp_path))
+    spec = smoke_spec(tmp_path, at_once=1)
+    args = ("run", spec, "--name", "same", "--num-samples", "3", "--storage", str(tmp_path))
     first, second = driver(*args), driver(*args)
     refused = None
     deadline = time.monotonic() + 60

@@ -19,7 +19,7 @@ from study.parquet import ranked_trials
 from study.search import TUNE_ID_ATTR, optuna_storage
 from study.spec import load_spec
 from study.storage import StudyPaths
-from tests.study.conftest import S3, Driver, cli, finished, history, longer_smoke, trials
+from tests.study.conftest import S3, Driver, cli, finished, history, smoke_spec, trials
 
 pytestmark = pytest.mark.slow
 ENDED = ["completed", "early_stopped", "diverged"]
@@ -57,7 +57,9 @@ def test_a_study_made_with_the_default_storage_resumes_from_another_directory(
     project, elsewhere = tmp_path / "project", tmp_path / "elsewhere"
     project.mkdir(), elsewhere.mkdir()
     # storage: the spec's, results under the working directory
-    d = driver("run", longer_smoke(tmp_path), "--name", "x", "--num-samples", "4", cwd=project)
+    d = driver(
+        "run", smoke_spec(tmp_path, times=10, at_once=1), "--name", "x", "--num-samples", "4", cwd=project
+    )
     storage = project / "results"
     d.wait_until(finished(storage, "x", at_least=1))
     assert d.interrupt() == 130
@@ -79,7 +81,16 @@ def test_a_copy_resumes_and_reads_with_the_original_gone(
     evaluate of the copy, from another folder; nothing reappears at the old place."""
     old, new, cwd = tmp_path / "old", tmp_path / "new", tmp_path / "cwd"
     cwd.mkdir()
-    d = driver("run", longer_smoke(tmp_path), "--name", "c", "--num-samples", "4", "--storage", str(old))
+    d = driver(
+        "run",
+        smoke_spec(tmp_path, times=10, at_once=1),
+        "--name",
+        "c",
+        "--num-samples",
+        "4",
+        "--storage",
+        str(old),
+    )
     d.wait_until(finished(old, "c", at_least=1))
     assert d.interrupt() == 130
     before = trials(old, "c").query("status in @ENDED").set_index("trial_id")
@@ -104,7 +115,8 @@ def test_a_local_download_of_an_s3_study_resumes_without_the_bucket(
     """A cluster study's S3 prefix synced to a laptop (``aws s3 sync`` layout), the bucket's copy
     deleted: the local copy resumes to the end and reads back."""
     root = f"{s3.bucket()}/ponder"
-    d = driver("run", "parity-smoke", "--name", "s", "--num-samples", "3", "--storage", root, own_ray=True)
+    spec = smoke_spec(tmp_path, at_once=1)
+    d = driver("run", spec, "--name", "s", "--num-samples", "3", "--storage", root, own_ray=True)
     paths = StudyPaths(root, "s")
 
     def one_ended() -> bool:
@@ -170,9 +182,8 @@ def test_a_damaged_study_is_repaired_by_export(smoke: tuple[Path, object], tmp_p
 
 
 def test_a_finished_study_grows_with_more_trials(tmp_path: Path) -> None:
-    done = cli(
-        "run", "parity-smoke", "--name", "g", "--num-samples", "4", "--storage", str(tmp_path), "--quiet"
-    )
+    spec = smoke_spec(tmp_path, at_once=1)
+    done = cli("run", spec, "--name", "g", "--num-samples", "4", "--storage", str(tmp_path), "--quiet")
     assert done.returncode == 0, done.stderr[-3000:]
     before = trials(tmp_path, "g")
     history_before = history(tmp_path, "g")
@@ -203,16 +214,17 @@ def test_a_finished_study_grows_with_more_trials(tmp_path: Path) -> None:
 def test_a_warm_start_begins_with_the_earlier_studys_best(smoke: tuple[Path, object], tmp_path: Path) -> None:
     storage, _ = smoke
     earlier = trials(storage, "parity-smoke")
-    smoke_spec = load_spec("parity-smoke")
-    best = ranked_trials(earlier, smoke_spec.metric, smoke_spec.mode).head(2)
+    shipped = load_spec("parity-smoke")
+    best = ranked_trials(earlier, shipped.metric, shipped.mode).head(2)
     copy = tmp_path / "store"
     shutil.copytree(storage, copy)
-    args = ("run", "parity-smoke", "--name", "w", "--num-samples", "3", "--storage", str(copy), "--quiet")
+    spec = smoke_spec(tmp_path, at_once=1)
+    args = ("run", spec, "--name", "w", "--num-samples", "3", "--storage", str(copy), "--quiet")
     done = cli(*args, "--warm-start", "parity-smoke", "--top", "2")
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     assert "2 best trials of parity-smoke" in done.stdout
     study = _optuna(copy, "w")
-    names = [d.name for d in smoke_spec.space]
+    names = [d.name for d in shipped.space]
     for got, (_, want) in zip(study.trials[:2], best.iterrows(), strict=True):
         assert got.params == pytest.approx({n: want[n] for n in names}), (got.params, want[names].to_dict())
     # a narrower space refuses an earlier value in one line, before Ray starts

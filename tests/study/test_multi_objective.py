@@ -13,7 +13,7 @@ import pytest
 from study.parquet import beats_chance
 from study.spec import load_spec
 from study.storage import StudyPaths
-from tests.study.conftest import cli, trials
+from tests.study.conftest import cli, smoke_source, trials
 
 pytestmark = pytest.mark.slow
 ACC, STEPS = "test/halted_accuracy", "test/mean_halting_step"
@@ -26,7 +26,7 @@ def _dominates(a: pd.Series, b: pd.Series) -> bool:
 
 def test_a_multi_objective_study_marks_its_pareto_front(tmp_path: Path) -> None:
     smoke = load_spec("parity-smoke")
-    source = re.sub(r"\[scheduler\]\n(?:.+\n)+", "", smoke.source)  # no ASHA: one metric only
+    source = re.sub(r"\[scheduler\]\n(?:.+\n)+", "", smoke_source(at_once=1))  # no ASHA: one metric only
     spec = tmp_path / "pareto.toml"
     spec.write_text(source + f'\n[objectives]\n"{ACC}" = "max"\n"{STEPS}" = "min"\n')
     done = cli("run", str(spec), "--storage", str(tmp_path), "--quiet")

@@ -1,7 +1,10 @@
 """Interrupt a real study (Ctrl-C, or SIGKILL of the driver and everything it started) and
 resume it: exactly num_samples trials at the end, nothing finished runs again, an early-stopped
 trial stays stopped, Optuna keeps every trial. Every case runs with Tune's progress table on (as
-users run it) and off (``--quiet``): a resumed study keeps the table of its first run."""
+users run it) and off (``--quiet``): a resumed study keeps the table of its first run. The table
+cases run the shipped spec, two trials at a time, as users do; the quiet ones one at a time,
+which is a case of its own for the resume (a kill finds fewer trials in flight) and one Ray
+worker cheaper (docs/tests.md)."""
 
 from __future__ import annotations
 
@@ -15,7 +18,7 @@ import pytest
 
 from study.spec import load_spec
 from study.storage import StudyPaths
-from tests.study.conftest import Driver, cli, finished, history, ledger_has, longer_smoke, trials
+from tests.study.conftest import Driver, cli, finished, history, ledger_has, smoke_spec, trials
 
 pytestmark = pytest.mark.slow
 NAME = "parity-smoke"
@@ -42,6 +45,13 @@ before the kill, synced late), which the checks below count as reporting again."
 
 def _flags(table: str) -> list[str]:
     return [] if table == "table" else ["--quiet"]
+
+
+def _spec(table: str, where: Path, times: int = 1) -> str:
+    """The study a case runs: the shipped spec with the table on, one trial at a time without."""
+    if table == "table" and times == 1:
+        return NAME
+    return smoke_spec(where, times=times, at_once=2 if table == "table" else 1)
 
 
 def _resume_and_check(storage: Path, tmp_path: Path, table: str = "quiet") -> pd.DataFrame:
@@ -92,7 +102,7 @@ def _resume_and_check(storage: Path, tmp_path: Path, table: str = "quiet") -> pd
 
 @TABLE
 def test_ctrl_c_then_resume(driver: Callable[..., Driver], tmp_path: Path, table: str) -> None:
-    d = driver("run", longer_smoke(tmp_path), "--storage", str(tmp_path), *_flags(table))
+    d = driver("run", _spec(table, tmp_path, times=10), "--storage", str(tmp_path), *_flags(table))
     d.wait_until(finished(tmp_path, NAME, at_least=2))
     assert d.interrupt() == 130
     assert f"ponder-study resume {NAME}" in d.output()
@@ -114,7 +124,9 @@ def test_sigkill_late_in_study_then_resume(driver: Callable[..., Driver], tmp_pa
     known to the resume (a CI run once lost a short trial created and ended between two of
     Tune's 10-second snapshots: the resume ran a new trial in its place)."""
     env = {"TUNE_GLOBAL_CHECKPOINT_S": "3600"}
-    d = driver("run", NAME, "--storage", str(tmp_path), *_flags(table), env=env, own_ray=OWN_RAY)
+    d = driver(
+        "run", _spec(table, tmp_path), "--storage", str(tmp_path), *_flags(table), env=env, own_ray=OWN_RAY
+    )
     d.wait_until(finished(tmp_path, NAME, at_least=4))
     d.kill()
     _resume_and_check(tmp_path, tmp_path, table)
@@ -136,7 +148,9 @@ def test_sigkill_as_a_trial_ends_then_resume(
     metric (None against a float), then in the export of a trial without a directory, and never
     resume again (issue 10). ``export`` of that state must work too."""
     env = {"TUNE_GLOBAL_CHECKPOINT_S": "3600"}
-    d = driver("run", NAME, "--storage", str(tmp_path), *_flags(table), env=env, own_ray=OWN_RAY)
+    d = driver(
+        "run", _spec(table, tmp_path), "--storage", str(tmp_path), *_flags(table), env=env, own_ray=OWN_RAY
+    )
     d.wait_until(ledger_has(tmp_path, NAME, how), poll=0.002)
     d.kill()
     exported = cli("export", NAME, "--storage", str(tmp_path))

@@ -168,7 +168,7 @@ values = [0.003, 1e30]
 sampler = "random"
 seed = 1
 num_samples = 4
-max_concurrent = 2
+max_concurrent = 1
 [scheduler]
 metric = "test/halted_accuracy"
 mode = "max"

@@ -17,7 +17,7 @@ import pytest
 
 from study.spec import MAX_NAME_LENGTH, load_spec
 from study.storage import StorageError, StudyPaths, expand_storage
-from tests.study.conftest import CLI, REPO, S3, Driver, cli, driver_env, longer_smoke, trials
+from tests.study.conftest import CLI, REPO, S3, Driver, cli, driver_env, smoke_source, smoke_spec, trials
 
 ENDED = ["completed", "early_stopped", "diverged"]
 
@@ -180,8 +180,7 @@ def test_errored_trials_exit_1_with_the_command_that_retries_them(tmp_path: Path
     """Every trial fails once (the fault drill) and the spec allows no retry: the study ends with
     errored trials, exits 1 and names the resume that retries them, which finishes it."""
     spec = tmp_path / "fragile.toml"
-    source = (REPO / "study" / "specs" / "parity-smoke.toml").read_text()
-    spec.write_text(source.replace("max_failures = 2", "max_failures = 0"))
+    spec.write_text(smoke_source(at_once=1).replace("max_failures = 2", "max_failures = 0"))
     storage = tmp_path / "st"
     env = {**os.environ, "PONDER_STUDY_FAULT": "raise@20"}
     done = subprocess.run(
@@ -223,7 +222,8 @@ def test_a_full_disk_stops_in_one_line_and_resume_finishes_after_space_is_freed(
         pytest.skip("needs root to mount a size-limited tmpfs")
     try:
         storage = disk / "st"
-        done = cli("run", "parity-smoke", "--storage", str(storage))  # the progress table on
+        spec = smoke_spec(tmp_path, at_once=1)  # (not the subject here; docs/tests.md)
+        done = cli("run", spec, "--storage", str(storage))  # the progress table on
         assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
         last = done.stderr.strip().splitlines()[-1]
         assert "no space left on the device" in last and "resume it with: " in last, last
@@ -291,7 +291,7 @@ def test_ctrl_c_early_exits_130_with_the_hint_and_rays_processes_go_with_it(
         # once the first trial is about to start (its started record, written to the storage
         # before it can; Tune's own trial folders reach the storage later). A fixed 8 s delay
         # came after the whole smoke study's end on a quiet machine, so these trials train longer
-        spec = longer_smoke(tmp_path, times=50)
+        spec = smoke_spec(tmp_path, times=50, at_once=1)
         d = driver("run", spec, "--storage", str(tmp_path / "st"), own_ray=True)
         started = Path(StudyPaths(str(tmp_path / "st"), "parity-smoke").started_dir)
         d.wait_until(lambda: any(started.glob("*.json")), timeout=120, poll=0.05)
@@ -366,7 +366,8 @@ def test_the_driver_never_leaves_sigterm_or_sighup_to_kill_it_silently(
     Python's handler (Ray's C++ crash handler going away) for the ~1 s its processes took to
     stop: a SIGTERM there ended the driver with 143 and no summary. Checked on the kernel's
     view, every millisecond, over a whole study."""
-    d = driver("run", "parity-smoke", "--num-samples", "2", "--storage", str(tmp_path), own_ray=True)
+    spec = smoke_spec(tmp_path, at_once=1)
+    d = driver("run", spec, "--num-samples", "2", "--storage", str(tmp_path / "st"), own_ray=True)
     start = time.monotonic()
     defaults: list[str] = []
     handled = False
