@@ -36,11 +36,18 @@ REPO = Path(__file__).resolve().parents[2]
 # `own_ray=True`. A caller's own `RAY_ADDRESS` always wins (`make test-fast` sets an unusable one).
 _SHARED_RAY = """
 import os, sys, time, ray
-ray.init(address="local", include_dashboard=False, log_to_driver=False, num_cpus=2)
+ray.init(
+    address="local", include_dashboard=False, log_to_driver=False, num_cpus=2,
+    _system_config={"prestart_worker_first_driver": False},  # as the CLI's own instance (runner)
+)
 print(ray.get_runtime_context().gcs_address, flush=True)
 while os.getppid() == int(sys.argv[1]):  # ends with the test process, however that ends
     time.sleep(1)
 """
+"""(Without the prestart setting this instance starts a worker per CPU for its own driver, which
+no study uses: a smoke study joined to it started two workers of its own, and the two ``ray::IDLE``
+ones, about 4 s of CPU each to start and 1 % of a core each while they waited, went when those
+came. Seen here, in every test process.)"""
 _TOKEN_AUTH = {"RAY_AUTH_MODE": "token"}
 """Ray's token authentication (the token in ~/.ray/auth_token), which a driver joining by an
 explicit address only uses when told to, as users joining a local cluster are."""
