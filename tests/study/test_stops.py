@@ -222,7 +222,7 @@ def test_a_full_disk_stops_in_one_line_and_resume_finishes_after_space_is_freed(
         pytest.skip("needs root to mount a size-limited tmpfs")
     try:
         storage = disk / "st"
-        spec = smoke_spec(tmp_path, at_once=1)  # (not the subject here; docs/tests.md)
+        spec = smoke_spec(tmp_path, at_once=1)  # one trial at a time: the subject is the disk
         done = cli("run", spec, "--storage", str(storage))  # the progress table on
         assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
         last = done.stderr.strip().splitlines()[-1]
