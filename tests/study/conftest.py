@@ -267,7 +267,8 @@ def smoke_source(times: int = 1, at_once: int = 2) -> str:
         .replace("max_concurrent = 2", f"max_concurrent = {at_once}")
     )
     made = parse_spec(source, "parity-smoke")  # the shipped lines this rewrites are still there
-    assert (made.iterations, made.search.max_concurrent) == (60 * times, at_once), source
+    got = (made.iterations, made.eval_interval, made.scheduler.grace_period, made.search.max_concurrent)
+    assert got == (60 * times, 10 * times, 10 * times, at_once), source
     return source
 
 
