@@ -310,11 +310,8 @@ class Trainer:
         state: dict[str, Any] = {
             "config": self.config.to_dict(),
             "model": self.model.state_dict(),
-            "optimizer": (
-                self._optimizer_state
-                if self._optimizer is None and self._optimizer_state is not None
-                else self.optimizer.state_dict()
-            ),
+            # a loaded state not yet given to Adam (it is made at first use) passes through as is
+            "optimizer": self._optimizer_state or self.optimizer.state_dict(),
             "generator": self.generator.get_state(),
             "generator_device": self.device.type,  # a CUDA generator's state is not a CPU one's
             "torch_rng": torch.get_rng_state(),

@@ -57,14 +57,15 @@ def test_a_loaded_checkpoint_keeps_adams_state_until_it_trains_on(tmp_path: Path
 def test_evaluating_a_checkpoint_never_imports_dynamo(tmp_path: Path) -> None:
     """``ponder-study evaluate`` loads and evaluates checkpoints: a torch optimizer's first call
     imports ``torch._dynamo`` (about 1.5 s of CPU), so the optimizer is not made for that."""
-    _trained().save(tmp_path / "t.pt")
+    path = str(tmp_path / "t.pt")
+    _trained().save(path)
     code = (
         "import sys\nfrom ponder.trainer import Trainer\n"
-        f"Trainer.from_checkpoint({str(tmp_path / 't.pt')!r}).evaluate()\n"
+        f"Trainer.from_checkpoint({path!r}).evaluate()\n"
         "assert 'torch._dynamo' not in sys.modules\n"
-        "Trainer.from_checkpoint({path!r}).train_step()\n"
+        f"Trainer.from_checkpoint({path!r}).train_step()\n"
         "print('torch._dynamo' in sys.modules)\n"
-    ).replace("{path!r}", repr(str(tmp_path / "t.pt")))
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip() == "True"  # training makes it: the check above could fail

@@ -81,16 +81,8 @@ def test_a_copy_resumes_and_reads_with_the_original_gone(
     evaluate of the copy, from another folder; nothing reappears at the old place."""
     old, new, cwd = tmp_path / "old", tmp_path / "new", tmp_path / "cwd"
     cwd.mkdir()
-    d = driver(
-        "run",
-        smoke_spec(tmp_path, times=10, at_once=1),
-        "--name",
-        "c",
-        "--num-samples",
-        "4",
-        "--storage",
-        str(old),
-    )
+    spec = smoke_spec(tmp_path, times=10, at_once=1)
+    d = driver("run", spec, "--name", "c", "--num-samples", "4", "--storage", str(old))
     d.wait_until(finished(old, "c", at_least=1))
     assert d.interrupt() == 130
     before = trials(old, "c").query("status in @ENDED").set_index("trial_id")
@@ -229,9 +221,10 @@ def test_a_warm_start_begins_with_the_earlier_studys_best(smoke: tuple[Path, obj
         assert got.params == pytest.approx({n: want[n] for n in names}), (got.params, want[names].to_dict())
     # a narrower space refuses an earlier value in one line, before Ray starts
     narrow = tmp_path / "narrow.toml"
-    source = (Path(__file__).parents[2] / "study" / "specs" / "parity-smoke.toml").read_text()
     narrow.write_text(
-        source.replace("[space.lambda_p]\nlow = 0.05\nhigh = 0.9", "[space.lambda_p]\nlow = 0.95\nhigh = 1.0")
+        shipped.source.replace(
+            "[space.lambda_p]\nlow = 0.05\nhigh = 0.9", "[space.lambda_p]\nlow = 0.95\nhigh = 1.0"
+        )
     )
     refused = cli("run", str(narrow), "--name", "n", "--storage", str(copy), "--warm-start", "parity-smoke")
     assert refused.returncode == 2, refused.stdout + refused.stderr
