@@ -53,7 +53,13 @@ def _quiet_when_a_stop_was_swallowed(unraisable: sys.UnraisableHookArgs) -> None
     a stop that lands in an at-fork hook (logging's, while Ray forks its processes) or in a
     finaliser is one. That stop is not lost, `raise_a_swallowed_stop` raises it again at the
     driver's next phase, so its traceback would only be noise on a clean exit 130 (seen in a
-    suite run: a Ctrl-C 3 s into `run`). Any other exception is printed as Python would."""
+    suite run: a Ctrl-C 3 s into `run`). The same goes for the ``SystemExit(15)`` of the SIGTERM
+    handler that ``ray.init`` installs while it runs: it is remembered as a stop here. Any other
+    exception is printed as Python would."""
+    global _stop_asked
+    if isinstance(unraisable.exc_value, SystemExit) and unraisable.exc_value.code == signal.SIGTERM:
+        _stop_asked = True
+        return
     if _stop_asked and issubclass(unraisable.exc_type, KeyboardInterrupt):
         return
     sys.__unraisablehook__(unraisable)

@@ -23,6 +23,7 @@ import os
 import pickle
 import signal
 import sys
+import threading
 import time
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
@@ -632,22 +633,56 @@ def _stops_held_while_ray_starts() -> Iterator[None]:
       driver's own handler once that is back, instead of being lost (the study ran on, the
       terminal gone).
     - SIGTERM: ``ray.init`` first installs a handler that exits 15 at once, nothing saved or
-      said. Its ``SystemExit(15)`` becomes a KeyboardInterrupt, as Ctrl-C."""
+      said. Its ``SystemExit(15)`` becomes a KeyboardInterrupt, as Ctrl-C. That exception can
+      also be lost inside ``ray.init``: raised where Python cannot raise it (an at-fork hook while
+      Ray forks a process, a finaliser), or caught by Ray. Seen once in CI: a SIGTERM sent as the
+      GCS started, and the study ran to its end with exit 0. So the signal itself is recorded
+      too, by Python's wakeup fd (every signal with a Python handler writes its number there,
+      whatever the handler does), and a SIGTERM found there stops the study once Ray is up."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signals reach the main thread only, and Ray sets no handler from another thread
+        return
     handlers = _stop_handlers()
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGHUP})
-    try:
+    with _signals_recorded() as came:
         try:
-            yield
-        finally:
-            _restore_stop_handlers(handlers)  # Ray's SIGTERM handler out, the driver's back
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGHUP})  # a pending SIGHUP lands now
-    except SystemExit as e:
-        _restore_stop_handlers(handlers)  # in case Ray's handler fired before the line above
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGHUP})
-        if e.code != signal.SIGTERM:
-            raise
-        raise KeyboardInterrupt from None
+            try:
+                yield
+            finally:
+                _restore_stop_handlers(handlers)  # Ray's SIGTERM handler out, the driver's back
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGHUP})  # a pending SIGHUP lands now
+        except SystemExit as e:
+            _restore_stop_handlers(handlers)  # in case Ray's handler fired before the line above
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGHUP})
+            if e.code != signal.SIGTERM:
+                raise
+            raise KeyboardInterrupt from None
+    if signal.SIGTERM in came:  # Ray's SystemExit(15) was swallowed on its way out
+        raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def _signals_recorded() -> Iterator[set[int]]:
+    """The numbers of the signals that came in the block (those with a Python handler), filled
+    in as the block ends: a record no handler can swallow."""
+    came: set[int] = set()
+    read_end, write_end = os.pipe()  # both close-on-exec: Ray's processes do not inherit them
+    os.set_blocking(read_end, False)
+    os.set_blocking(write_end, False)
+    previous = signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
+    try:
+        yield came
+    finally:
+        signal.set_wakeup_fd(previous)
+        with contextlib.suppress(BlockingIOError):
+            while chunk := os.read(read_end, 512):
+                came.update(chunk)
+        os.close(read_end)
+        os.close(write_end)
+        if previous >= 0 and came:  # whoever had the wakeup fd before hears of them too
+            with contextlib.suppress(OSError):
+                os.write(previous, bytes(sorted(came)))
 
 
 @contextlib.contextmanager

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -239,3 +242,42 @@ def test_optuna_trials_orphaned_by_a_kill_are_marked_failed(tmp_path: Path) -> N
         done.number: optuna.trial.TrialState.COMPLETE,
         orphan.number: optuna.trial.TrialState.FAIL,
     }
+
+
+@pytest.mark.parametrize("swallowed", [False, True], ids=["raised", "swallowed"])
+def test_a_sigterm_while_ray_starts_stops_the_study_even_if_ray_swallows_it(swallowed: bool) -> None:
+    """``ray.init`` installs a SIGTERM handler that raises ``SystemExit(15)`` wherever the driver
+    is. Raised, it becomes Ctrl-C; swallowed (an at-fork hook, a finaliser, Ray's own code: seen
+    once in CI, the study ran to its end with exit 0), the signal's record still stops the study.
+    A real signal and the handler Ray installs, without Ray's start-up around them."""
+    from study.runner import _stops_held_while_ray_starts
+
+    def drivers_handler(signum: int, frame: object) -> None:
+        raise AssertionError("the driver's handler is out while Ray starts")
+
+    previous = signal.signal(signal.SIGTERM, drivers_handler)
+    fds = set(os.listdir("/proc/self/fd"))
+    try:
+        with pytest.raises(KeyboardInterrupt), _stops_held_while_ray_starts():
+            signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(signum))  # as ray.init does
+            try:
+                signal.raise_signal(signal.SIGTERM)
+            except SystemExit:
+                if not swallowed:
+                    raise
+        assert signal.getsignal(signal.SIGTERM) is drivers_handler  # the driver's back
+        assert signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN or previous is signal.SIG_IGN
+        assert signal.set_wakeup_fd(-1) == -1  # no wakeup fd left behind
+        assert set(os.listdir("/proc/self/fd")) == fds  # nor its pipe
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def test_ray_starting_with_no_signal_raises_nothing_and_leaves_the_handlers() -> None:
+    from study.runner import _stops_held_while_ray_starts
+
+    before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGHUP)
+    with _stops_held_while_ray_starts():
+        assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN  # Ray's processes inherit it
+    assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGHUP)) == before
+    assert signal.set_wakeup_fd(-1) == -1
