@@ -88,12 +88,16 @@ def test_local_storage_is_refused_on_a_multi_node_cluster(
     else:
         args += ["--address", cluster.address if join.endswith("ADDRESS") else "auto"]
     if join == "--address auto":
-        # `auto` joins the instance this machine's Ray last started (/tmp/ray/ray_current_cluster):
-        # another test process starting its own since the fixture did made it a 1-node instance
-        # (seen in CI here); pointed back now, the window is the driver's own start-up
+        # `auto` joins the instance this machine's Ray last started, named in
+        # $RAY_TMPDIR/ray/ray_current_cluster (/tmp/ray/... by default). The other test processes
+        # start Ray instances of their own, each rewriting /tmp's file (the driver met a 1-node
+        # instance: seen twice in CI), so this driver reads a file of its own
         from ray._private.utils import write_ray_address
 
-        write_ray_address(cluster.address)
+        ray_tmp = tmp_path / "ray-tmp"
+        (ray_tmp / "ray").mkdir(parents=True)
+        write_ray_address(cluster.address, str(ray_tmp / "ray"))
+        monkeypatch.setenv("RAY_TMPDIR", str(ray_tmp))
     done = cli(*args)
     assert done.returncode == 2, done.stderr[-2000:]
     lines = done.stderr.strip().splitlines()
