@@ -354,8 +354,9 @@ def entry() -> NoReturn:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else EXIT_USAGE)
         if not isinstance(e.code, int) and e.code is not None:
             print(e.code, file=sys.stderr)
-    except KeyboardInterrupt:
-        print(f"{PROG}: interrupted", file=sys.stderr)
+    except KeyboardInterrupt:  # before a command's own handling began (its arguments being read)
+        again = shlex.join([PROG, *sys.argv[1:]])
+        print(f"{PROG}: interrupted before it started; run it again: {again}", file=sys.stderr)
         code = EXIT_INTERRUPTED
     import atexit
     import logging

@@ -491,3 +491,38 @@ def test_a_stop_swallowed_where_python_cannot_raise_is_silent_and_raised_again(
     assert "went on" in done.stdout  # the exception did not propagate (it cannot there)
     assert ("Traceback" in done.stderr) is (shown is not None), done.stderr
     assert shown is None or shown in done.stderr, done.stderr
+
+
+_STOPPED_WHILE_PARSING = """
+import os, signal, sys
+import study.cli as cli
+from study.launch import install_stop_handlers
+
+install_stop_handlers()
+build_parser = cli.build_parser
+
+
+def interrupted_parser():
+    os.kill(os.getpid(), signal.{how})  # the stop lands as the arguments are read
+    return build_parser()
+
+
+cli.build_parser = interrupted_parser
+sys.argv = ["ponder-study", "resume", "my study", "--storage", "/data/x"]
+cli.entry()
+"""
+
+
+@pytest.mark.parametrize("how", ["SIGINT", "SIGHUP"])
+def test_a_stop_while_the_arguments_are_read_says_the_command_to_run_again(how: str) -> None:
+    """A stop after the imports but before `run`/`resume` handle stops themselves ended with a
+    bare "interrupted" (seen in the signals campaign: a SIGHUP 0.6 s into a resume): the last
+    line must still be the command to continue. A real signal, the command's own handlers."""
+    script = _STOPPED_WHILE_PARSING.replace("{how}", how)
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO, timeout=60
+    )
+    assert done.returncode == 130, done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.endswith("run it again: ponder-study resume 'my study' --storage /data/x"), done.stderr
+    assert "Traceback" not in done.stderr
