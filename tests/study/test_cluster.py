@@ -91,7 +91,7 @@ def test_local_storage_is_refused_on_a_multi_node_cluster(
         # `auto` joins the instance this machine's Ray last started, named in
         # $RAY_TMPDIR/ray/ray_current_cluster (/tmp/ray/... by default). The other test processes
         # start Ray instances of their own, each rewriting /tmp's file (the driver met a 1-node
-        # instance: seen twice in CI), so this driver reads a file of its own
+        # instance: seen in CI, then in a fresh-clone run here), so this driver reads a file of its own
         from ray._private.utils import write_ray_address
 
         ray_tmp = tmp_path / "ray-tmp"
