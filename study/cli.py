@@ -20,6 +20,7 @@ from typing import Any, NoReturn
 
 import pandas as pd
 
+from study.launch import raise_a_swallowed_stop, run_again
 from study.lease import LeaseHeld
 from study.spec import SpecError, StudySpec, check_name, list_specs, load_spec
 from study.storage import StudyPaths, list_studies, read_study_table
@@ -355,8 +356,7 @@ def entry() -> NoReturn:
         if not isinstance(e.code, int) and e.code is not None:
             print(e.code, file=sys.stderr)
     except KeyboardInterrupt:  # before a command's own handling began (its arguments being read)
-        again = shlex.join([PROG, *sys.argv[1:]])
-        print(f"{PROG}: interrupted before it started; run it again: {again}", file=sys.stderr)
+        print(f"{PROG}: interrupted before it started; run it again: {run_again()}", file=sys.stderr)
         code = EXIT_INTERRUPTED
     import atexit
     import logging
@@ -588,15 +588,10 @@ def _drive(args: argparse.Namespace, storage_arg: str | None, argv: Sequence[str
     refused: tuple[type[Exception], ...] = (SpecError, LeaseHeld)
 
     def hint() -> str:
-        return (
-            f"resume it with: {resume_command(*study)}"
-            if study
-            else f"run it again: {PROG} {' '.join(map(shlex.quote, sys.argv[1:]))}"
-        )
+        return f"resume it with: {resume_command(*study)}" if study else f"run it again: {run_again()}"
 
     try:
         from study import runner  # imports Ray: only for the commands that need it
-        from study.launch import raise_a_swallowed_stop
         from study.warmstart import WarmStartError
 
         raise_a_swallowed_stop()  # a Ctrl-C during those imports

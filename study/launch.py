@@ -19,6 +19,7 @@ __all__ = [
     "install_stop_handlers",
     "main",
     "raise_a_swallowed_stop",
+    "run_again",
 ]
 
 RAY_CRASH_HANDLER_OFF = "RAY_DISABLE_FAILURE_SIGNAL_HANDLER"
@@ -83,6 +84,12 @@ def raise_a_swallowed_stop() -> None:
         raise KeyboardInterrupt
 
 
+def run_again() -> str:
+    """The command line this process was started with, as a shell would read it: what a stop
+    that came before a study was known tells the user to run again."""
+    return shlex.join(["ponder-study", *sys.argv[1:]])
+
+
 def main() -> NoReturn:
     """Install the handlers, import the CLI, run it (`study.cli.entry`)."""
     global _set_here
@@ -93,8 +100,7 @@ def main() -> NoReturn:
     try:
         from study.cli import entry
     except KeyboardInterrupt:
-        again = shlex.join(["ponder-study", *sys.argv[1:]])
-        print(f"ponder-study: interrupted before it started; run it again: {again}", file=sys.stderr)
+        print(f"ponder-study: interrupted before it started; run it again: {run_again()}", file=sys.stderr)
         sys.stderr.flush()
         os._exit(130)
     entry()

@@ -19,7 +19,7 @@ import pandas as pd
 import pyarrow.fs as pafs
 import pytest
 
-from study.spec import parse_spec
+from study.spec import load_spec, parse_spec
 from study.storage import StudyPaths, read_study_table, read_table
 
 CLI = [sys.executable, "-m", "study"]
@@ -259,9 +259,8 @@ def smoke_source(times: int = 1, at_once: int = 2) -> str:
     each costs about 4 s of CPU to start (Ray, Tune, torch). A smoke study used 14-18 s of CPU
     with two at once and 10 s with one, in about the same wall time (docs/tests.md)."""
     source = (
-        (REPO / "study" / "specs" / "parity-smoke.toml")
-        .read_text()
-        .replace("iterations = 60", f"iterations = {60 * times}")
+        load_spec("parity-smoke")
+        .source.replace("iterations = 60", f"iterations = {60 * times}")
         .replace("eval_interval = 10", f"eval_interval = {10 * times}")
         .replace("grace_period = 10", f"grace_period = {10 * times}")
         .replace("max_concurrent = 2", f"max_concurrent = {at_once}")
