@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import math
 import os
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -22,6 +21,7 @@ from ponder.compiled import compile_mode, share_compile_cache, should_compile, u
 from ponder.config import CompileMode, KLDirection, TaskConfig, config_from_dict
 from ponder.cpu import keep_freed_memory
 from ponder.data.mnist import MnistData
+from ponder.files import temporary_beside
 from ponder.halting import expected_steps, halting_accuracies, log_geometric_prior, sample_halting_step
 from ponder.losses import kl_to_prior, per_step_cross_entropy, reconstruction_loss
 from ponder.metrics import OUTCOMES, SET_LIST_METRICS, SET_METRICS, TIMING_KEYS, TRAIN_METRICS
@@ -355,7 +355,7 @@ class Trainer:
         """Write a checkpoint atomically: a reader sees the old file or the new one, never half."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        fd, tmp = temporary_beside(path, suffix=".tmp")
         os.close(fd)
         try:
             torch.save(self.state_dict(), tmp)

@@ -40,7 +40,6 @@ import json
 import os
 import re
 import shutil
-import tempfile
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -51,6 +50,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
+
+from ponder.files import temporary_beside
 
 __all__ = [
     "CHECKPOINT_FILE",
@@ -501,7 +502,7 @@ def _durable_temporary(path: str, data: bytes) -> str:
     """``data`` in a new temporary file beside ``path``, on disk (fsynced): the first half of a
     write no reader can see torn. The caller renames or links it into place."""
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=f".{os.path.basename(path)}.")
+    fd, tmp = temporary_beside(path)  # the mode a plain open gives, not mkstemp's 0600
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import os
 import pickle
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -120,3 +121,13 @@ def test_a_checkpoint_with_code_in_it_is_refused_without_running_it(tmp_path: Pa
     assert not (tmp_path / "ran").exists()
     torch.load(tmp_path / "bad.pt", weights_only=False)  # the payload is live: a full unpickle runs it
     assert (tmp_path / "ran").is_dir()
+
+
+def test_a_checkpoint_is_readable_as_torch_save_would_leave_it(tmp_path: Path) -> None:
+    """Written under a temporary name and renamed: not left 0600 as mkstemp makes it."""
+    old = os.umask(0o022)
+    try:
+        _trained(0).save(tmp_path / "ckpt.pt")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(os.stat(tmp_path / "ckpt.pt").st_mode) == 0o644

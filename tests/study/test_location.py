@@ -15,6 +15,7 @@ import pandas as pd
 import pyarrow.fs as pafs
 import pytest
 
+from ponder.files import umask
 from study.parquet import ranked_trials
 from study.search import TUNE_ID_ATTR, optuna_storage
 from study.spec import load_spec
@@ -32,6 +33,17 @@ def _tree(root: Path) -> dict[str, str]:
         for p in sorted(root.rglob("*"))
         if p.is_file()
     }
+
+
+def test_every_file_of_a_study_is_as_readable_as_the_umask_lets_it(smoke: tuple[Path, object]) -> None:
+    """A study copied to or read from a shared disk by a colleague: its Parquet, spec, records
+    and checkpoints were written to temporary files and renamed, and were left 0600 (mkstemp's
+    mode) whatever the umask; each now has the mode a plain ``open`` gives."""
+    storage, _ = smoke
+    allowed = 0o666 & ~umask()
+    files = [p for p in storage.rglob("*") if p.is_file()]
+    modes = {str(p.relative_to(storage)): oct(p.stat().st_mode & 0o666) for p in files}
+    assert len(files) > 20 and set(modes.values()) == {oct(allowed)}, modes
 
 
 def _optuna(storage: Path, name: str) -> optuna.Study:

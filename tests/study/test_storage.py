@@ -277,3 +277,17 @@ def test_a_buckets_filesystem_is_built_once_and_paths_resolve_as_pyarrow_does(s3
     assert len({id(resolve(uri)[0]) for uri in uris}) == 1
     write_bytes(f"{bucket}/a/b.json", b"{}")
     assert read_bytes(f"{bucket}/a/b.json") == b"{}"
+
+
+def test_local_files_get_the_mode_a_plain_open_gives(tmp_path: Path) -> None:
+    """Written to a temporary file first (never seen torn), yet not left 0600 as mkstemp makes
+    it: a study on a shared disk stays readable by those its owner's umask lets read it."""
+    old = os.umask(0o027)
+    try:
+        write_bytes(str(tmp_path / "replaced.parquet"), b"1")
+        write_bytes(str(tmp_path / "replaced.parquet"), b"2")
+        assert create_bytes(str(tmp_path / "created.json"), b"{}")
+    finally:
+        os.umask(old)
+    for name in ("replaced.parquet", "created.json"):
+        assert oct(os.stat(tmp_path / name).st_mode & 0o777) == oct(0o640), name
