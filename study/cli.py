@@ -500,8 +500,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     try:
         return _read(args, storage_arg or DEFAULT_STORAGE)
-    except KeyboardInterrupt:
-        print(f"{PROG}: interrupted", file=sys.stderr)
+    except KeyboardInterrupt:  # these commands change no study: running them again is the cure
+        # (a report is written plot by plot: stopped part-way, its folder mixes old and new ones)
+        left = "; the report is incomplete" if args.command == "report" else ""
+        print(f"{PROG}: interrupted{left}; run it again: {run_again()}", file=sys.stderr)
         return EXIT_INTERRUPTED
 
 

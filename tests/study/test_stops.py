@@ -136,6 +136,26 @@ def test_report_out_an_existing_file_is_refused_as_such(smoke: tuple[Path, objec
     assert "--out" in err and "is a file" in err
 
 
+def test_a_report_stopped_part_way_says_so_and_the_command_that_finishes_it(
+    smoke: tuple[Path, object], driver: Callable[..., Driver], tmp_path: Path
+) -> None:
+    """Ctrl-C once the first plot is written: exit 130, no traceback, and a last line that says
+    the report is incomplete and gives the command that writes it whole (pasted here)."""
+    storage, _ = smoke
+    out = tmp_path / "my report"
+    d = driver("report", "parity-smoke", "--storage", str(storage), "--out", str(out))
+    d.wait_until(lambda: any(out.glob("*.png")), poll=0.01)
+    assert d.interrupt() == 130
+    text = d.output()
+    assert "Traceback" not in text, text
+    last = text.strip().splitlines()[-1]
+    assert "interrupted; the report is incomplete; run it again: " in last, last
+    assert not (out / "index.html").exists()  # written last: a stopped report has none
+    pasted = _paste(last, "run it again: ", tmp_path)
+    assert pasted.returncode == 0, pasted.stderr[-3000:]
+    assert (out / "index.html").exists() and len(list(out.glob("*.png"))) >= 6
+
+
 @pytest.mark.parametrize("verb", ["status", "resume", "export", "report", "evaluate"])
 def test_help_says_where_the_storage_falls_back_to(verb: str) -> None:
     done = cli(verb, "--help")
