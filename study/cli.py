@@ -391,11 +391,14 @@ def _storage_arg(args: argparse.Namespace) -> str | None:
         _fail(f"{where}: {e}")
 
 
-def _reach(storage: str) -> None:
-    from study.storage import StorageError, check_reachable
+def _reach(storage: str, write: bool = False) -> None:
+    """Refuse, in one line, a storage that cannot be reached (or, with ``write``, written)."""
+    from study.storage import StorageError, check_reachable, check_writable
 
     try:
         check_reachable(storage)
+        if write:
+            check_writable(storage)
     except StorageError as e:
         _fail(str(e))
 
@@ -607,7 +610,7 @@ def _drive(args: argparse.Namespace, storage_arg: str | None, argv: Sequence[str
             spec = load_spec(args.spec).with_overrides(
                 name=args.name, num_samples=args.num_samples, storage=storage_arg
             )
-            _reach(spec.run.storage)
+            _reach(spec.run.storage, write=True)
             points = _warm_start(args.warm_start, spec.run.storage, spec, args.top) if args.warm_start else []
             study = (spec.name, spec.run.storage)
             outcome = runner.run_study(
@@ -620,7 +623,7 @@ def _drive(args: argparse.Namespace, storage_arg: str | None, argv: Sequence[str
         else:
             if args.more is not None and args.more < 1:
                 _fail(f"--more must be a positive integer, got {args.more}")
-            _reach(storage_arg or DEFAULT_STORAGE)
+            _reach(storage_arg or DEFAULT_STORAGE, write=True)
             outcome = runner.resume_study(
                 args.name,
                 storage_arg or DEFAULT_STORAGE,

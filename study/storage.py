@@ -40,6 +40,7 @@ import json
 import os
 import re
 import shutil
+import tempfile
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -60,6 +61,7 @@ __all__ = [
     "StorageError",
     "StudyPaths",
     "check_reachable",
+    "check_writable",
     "create_bytes",
     "expand_storage",
     "is_remote",
@@ -160,6 +162,30 @@ def check_reachable(uri: str, timeout_s: float = 10.0) -> None:
     if error is not None:
         message = " ".join(str(error).split())[:200]
         raise StorageError(f"storage {uri}: {message}") from error
+
+
+def check_writable(uri: str) -> None:
+    """A local storage that a study can be written to, or `StorageError` saying why, before Ray
+    starts: an empty folder is made and removed in the nearest folder of the path that exists (so
+    a storage that does not exist yet leaves nothing behind). Without it a read-only or pseudo
+    filesystem (``/proc``, ``/sys``) or a path through a file failed after Ray had started, and
+    was reported as a full disk with a resume of a study that never began. Object stores: see
+    `check_reachable`."""
+    if is_remote(uri):
+        return
+    existing = Path(_local(uri))
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise StorageError(f"storage {uri}: {existing} is a file, not a folder; give a folder")
+    try:
+        probe = tempfile.mkdtemp(dir=existing, prefix=".ponder-study-write-check-")
+    except OSError as e:
+        raise StorageError(
+            f"storage {uri} cannot be written ({e.strerror or e} in {existing}); "
+            "give a folder you can write to"
+        ) from e
+    os.rmdir(probe)
 
 
 def is_remote(uri: str) -> bool:

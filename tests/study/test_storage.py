@@ -16,7 +16,9 @@ import pytest
 
 from study import journal_copy
 from study.storage import (
+    StorageError,
     StudyPaths,
+    check_writable,
     create_bytes,
     is_remote,
     is_shared,
@@ -291,3 +293,14 @@ def test_local_files_get_the_mode_a_plain_open_gives(tmp_path: Path) -> None:
         os.umask(old)
     for name in ("replaced.parquet", "created.json"):
         assert oct(os.stat(tmp_path / name).st_mode & 0o777) == oct(0o640), name
+
+
+def test_a_storage_that_cannot_be_written_is_refused_and_the_check_leaves_nothing(tmp_path: Path) -> None:
+    check_writable(str(tmp_path / "new" / "deeper"))  # made later by the study, not by the check
+    assert list(tmp_path.iterdir()) == []
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(StorageError, match="file is a file, not a folder"):
+        check_writable(str(tmp_path / "file" / "below"))
+    with pytest.raises(StorageError, match="cannot be written"):
+        check_writable("/proc/ponder-study")
+    check_writable("s3://a-bucket/x")  # object stores: check_reachable's part
