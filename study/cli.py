@@ -443,6 +443,8 @@ def _full_disk(error: BaseException, storage: str | None) -> tuple[str, str] | N
         fs = os.statvfs(existing)
     except OSError:
         return None
+    if fs.f_blocks == 0:  # a pseudo filesystem (/proc, /sys) has no blocks at all: not a full one
+        return None
     free = fs.f_bavail * fs.f_frsize
     return (storage, f"{free // 1024} KiB free") if free < _NEARLY_FULL else None
 

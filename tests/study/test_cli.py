@@ -427,6 +427,7 @@ def test_a_full_disk_is_named_whatever_error_it_caused(
     monkeypatch.setattr(cli_module, "_NEARLY_FULL", 1 << 62)  # every disk is "nearly full"
     where, free = cli_module._full_disk(torn, str(tmp_path / "not" / "yet")) or ("", "")
     assert where == str(tmp_path / "not" / "yet") and free.endswith("KiB free")
+    assert cli_module._full_disk(torn, "/proc/x") is None  # no blocks at all: not a full disk
 
 
 @pytest.mark.parametrize("exit_by", ["entry", "sys.exit"])
