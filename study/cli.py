@@ -74,6 +74,33 @@ def _fail(message: str) -> NoReturn:
     raise SystemExit(EXIT_USAGE)
 
 
+class _Versions(argparse.Action):
+    """``--version``, printed when asked for (argparse's own action wraps the line at the
+    terminal's width, and would read every package's metadata for every command)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: object, **kwargs: object) -> None:
+        print(_versions())
+        parser.exit()
+
+
+def _versions() -> str:
+    """``ponder-study X (torch ..., ray ..., ...)``: what a bug report needs, read from the installed
+    packages' metadata (nothing imported)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    def of(package: str) -> str:
+        try:
+            return version(package)
+        except PackageNotFoundError:
+            return "not installed"
+
+    deps = ", ".join(f"{p} {of(p)}" for p in ("torch", "ray", "optuna", "pyarrow", "pandas"))
+    return f"{PROG} {of('ponder-study')} ({deps}; Python {sys.version.split()[0]})"
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The CLI's parser, with one sub-command per verb."""
     parser = _Parser(
@@ -83,6 +110,11 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Results: <storage>/trials/study=<name>/ (one row per trial) and "
         "<storage>/history/study=<name>/ (one row per report); "
         "read them with pandas.read_parquet('<storage>/trials').",
+    )
+    parser.add_argument(
+        "--version",
+        action=_Versions,
+        help="print the versions of ponder-study and of what it runs on (torch, Ray, Optuna, ...) and exit",
     )
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser, metavar="COMMAND")
 

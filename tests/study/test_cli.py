@@ -10,6 +10,7 @@ import json
 import subprocess
 import sys
 import time
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
@@ -267,6 +268,22 @@ def _help(*args: str, monkeypatch: pytest.MonkeyPatch) -> str:
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stderr == "", done.stderr[-2000:]
     return " ".join(done.stdout.split())
+
+
+def test_version_names_what_a_bug_report_needs_without_loading_it() -> None:
+    script = (
+        "import sys\n"
+        "from study.cli import main\n"
+        "try:\n    main(['--version'])\nexcept SystemExit as e:\n    code = e.code\n"
+        "print(code, 'torch' in sys.modules, 'ray' in sys.modules, file=sys.stderr)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=REPO
+    )
+    assert done.stderr.split() == ["0", "False", "False"], done.stderr  # exit 0, nothing heavy imported
+    (line,) = done.stdout.splitlines()
+    assert line.startswith(f"ponder-study {version('ponder-study')} (torch {version('torch')}, ray "), line
+    assert f"optuna {version('optuna')}" in line and f"Python {sys.version.split()[0]}" in line, line
 
 
 def test_help_says_what_each_command_does(monkeypatch: pytest.MonkeyPatch) -> None:
