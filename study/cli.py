@@ -235,7 +235,11 @@ def build_parser() -> argparse.ArgumentParser:
     storage(evaluate)
 
     lst = sub.add_parser(
-        "list", help="the shipped specs and the studies under --storage", description="List."
+        "list",
+        help="the shipped specs and the studies under --storage",
+        description="List the shipped specs, each with its one-line description (what `run` takes: "
+        "a name here, or the path of a spec file of your own), and the studies started under the "
+        "storage, which `status`, `resume`, `report` and `evaluate` take by name.",
     )
     storage(lst)
 

@@ -307,6 +307,14 @@ def test_help_says_what_each_command_does(monkeypatch: pytest.MonkeyPatch) -> No
     assert "--storage" in resume
 
 
+def test_every_commands_help_begins_with_what_it_does() -> None:
+    """Each command's `--help` opens with a sentence of its own (``list`` said "List.")."""
+    commands = cli_module.build_parser()._subparsers._group_actions[0].choices  # type: ignore[union-attr]
+    assert set(commands) >= {"run", "resume", "status", "export", "report", "evaluate", "list", "check"}
+    for name, parser in commands.items():
+        assert parser.description and len(parser.description.split()) >= 5, (name, parser.description)
+
+
 def test_help_in_a_narrow_terminal_never_splits_a_specs_name() -> None:
     """argparse wraps at hyphens by default: ``ponder-`` / ``honest-search`` on two lines, which
     a user cannot paste. The CLI wraps at spaces only."""
