@@ -174,7 +174,7 @@ def check_writable(uri: str) -> None:
     if is_remote(uri):
         return
     existing = Path(_local(uri))
-    while not existing.exists() and existing != existing.parent:
+    while not _exists(existing) and existing != existing.parent:  # (a folder we may not enter: up)
         existing = existing.parent
     if not existing.is_dir():
         raise StorageError(f"storage {uri}: {existing} is a file, not a folder; give a folder")
@@ -186,6 +186,13 @@ def check_writable(uri: str) -> None:
             "give a folder you can write to"
         ) from e
     os.rmdir(probe)
+
+
+def _exists(path: Path) -> bool:
+    try:
+        return path.exists()
+    except OSError:  # Path.exists raises for a parent folder we may not enter (EACCES)
+        return False
 
 
 def is_remote(uri: str) -> bool:

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import copy
+import errno
 import os
 import pickle
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pandas as pd
 import pyarrow as pa
@@ -304,3 +307,29 @@ def test_a_storage_that_cannot_be_written_is_refused_and_the_check_leaves_nothin
     with pytest.raises(StorageError, match="cannot be written"):
         check_writable("/proc/ponder-study")
     check_writable("s3://a-bucket/x")  # object stores: check_reachable's part
+
+
+def test_a_storage_under_a_folder_we_may_not_enter_is_refused_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another user's folder (mode 0700): stat of a path inside it fails with EACCES, which
+    Path.exists raises (seen as a non-root user: exit 1 and a traceback log). The tests run as
+    root, who may enter any folder, so the refusals are those a non-root user meets."""
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    real_stat, real_mkdtemp = Path.stat, tempfile.mkdtemp
+
+    def stat(self: Path, **kwargs: Any) -> os.stat_result:
+        if locked in self.parents:
+            raise PermissionError(errno.EACCES, "Permission denied", str(self))
+        return real_stat(self, **kwargs)
+
+    def mkdtemp(*args: Any, dir: str | None = None, **kwargs: Any) -> str:
+        if dir is not None and Path(dir) == locked:
+            raise PermissionError(errno.EACCES, "Permission denied", dir)
+        return real_mkdtemp(*args, dir=dir, **kwargs)
+
+    monkeypatch.setattr(Path, "stat", stat)
+    monkeypatch.setattr(tempfile, "mkdtemp", mkdtemp)
+    with pytest.raises(StorageError, match=f"cannot be written \\(Permission denied in {locked}\\)"):
+        check_writable(str(locked / "x" / "y"))
