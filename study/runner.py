@@ -466,13 +466,36 @@ def _trainable(spec: StudySpec, paths: StudyPaths) -> Any:
     return tune.with_resources(fn, {"cpu": spec.resources.cpu, "gpu": spec.resources.gpu})
 
 
-def _reporter(spec: StudySpec) -> CLIReporter:
+class _StudyReporter(CLIReporter):
+    """Tune's progress table, whose "Result logdir" line named the driver's staging folder
+    (``/tmp/ray/session_.../artifacts/.../driver_artifacts``), which holds none of the study's
+    results and goes with the Ray session: the line names the study's storage instead. Worked
+    out from the trials at each redraw, so a resumed study (whose reporter is the one pickled at
+    its first run) shows where it lives now, even if it was copied elsewhere."""
+
+    def _progress_str(self, trials: list[Trial], done: bool, *sys_info: str, **kwargs: Any) -> str:
+        text: str = super()._progress_str(trials, done, *sys_info, **kwargs)
+        if not trials:
+            return text
+        where = f"Results: {_storage_of(trials[0])} (Parquet under trials/ and history/, Tune's under tune/)"
+        return "\n".join(where if line.startswith("Result logdir: ") else line for line in text.split("\n"))
+
+
+def _storage_of(trial: Trial) -> str:
+    """The storage a trial's experiment lives in (``<storage>/tune/<name>``), as the user writes it."""
+    root = trial.remote_experiment_path.rstrip("/").rsplit("/", 2)[0]
+    fs = trial.storage.storage_filesystem if trial.storage is not None else None
+    kind = fs.type_name if fs is not None else "local"  # "local", "s3", "gcs", ...
+    return root if kind == "local" else f"{ {'gcs': 'gs'}.get(kind, kind) }://{root}"
+
+
+def _reporter(spec: StudySpec) -> _StudyReporter:
     """Tune's progress table, one compact line per trial: the searched fields and the headline metrics."""
     metric = spec.metric
     columns = {"iteration": "iter", **{m: m for m, _ in spec.objectives}, "nan_events": "nan"}
     if metric.endswith("/halted_accuracy"):
         columns[metric.replace("/halted_accuracy", "/mean_halting_step")] = "steps"
-    return CLIReporter(
+    return _StudyReporter(
         parameter_columns=[d.name for d in spec.space],
         metric_columns=columns,
         max_report_frequency=15,

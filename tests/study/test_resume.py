@@ -65,6 +65,10 @@ def _resume_and_check(storage: Path, tmp_path: Path, table: str = "quiet") -> pd
     done = cli("resume", NAME, "--storage", str(storage), *_flags(table))
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     assert "Traceback" not in done.stdout + done.stderr, done.stdout[-2000:] + done.stderr[-3000:]
+    if table == "table":  # the table of the first run, pickled with it, names where the study is
+        assert f"Results: {storage} (" in done.stdout and "Result logdir" not in done.stdout, done.stdout[
+            -2000:
+        ]
 
     after = trials(storage, NAME).set_index("trial_id")
     assert len(after) == SMOKE.search.num_samples  # exactly num_samples, no more
@@ -106,6 +110,10 @@ def test_ctrl_c_then_resume(driver: Callable[..., Driver], tmp_path: Path, table
     d.wait_until(finished(tmp_path, NAME, at_least=2))
     assert d.interrupt() == 130
     assert f"ponder-study resume {NAME}" in d.output()
+    if table == "table":  # not Tune's "Result logdir", the driver's staging folder under /tmp/ray
+        assert f"Results: {tmp_path} (" in d.output() and "Result logdir" not in d.output(), d.output()[
+            -2000:
+        ]
     before = trials(tmp_path, NAME)
     assert len(before) < SMOKE.search.num_samples or not before["status"].isin(ENDED).all()
     lines = _result_lines(tmp_path)

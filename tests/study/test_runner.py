@@ -8,10 +8,12 @@ import shutil
 import signal
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import optuna
 import pandas as pd
+import pyarrow.fs as pafs
 import pytest
 
 from ponder.config import ParityConfig
@@ -302,3 +304,23 @@ def test_ray_starting_with_no_signal_raises_nothing_and_leaves_the_handlers() ->
         assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN  # Ray's processes inherit it
     assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGHUP)) == before
     assert signal.set_wakeup_fd(-1) == -1
+
+
+@pytest.mark.parametrize(
+    ("experiment", "filesystem", "shown"),
+    [
+        ("/data/my studies/tune/parity", pafs.LocalFileSystem(), "/data/my studies"),
+        (
+            "bucket/team/tune/parity",
+            pafs.S3FileSystem(anonymous=True, region="us-east-1"),
+            "s3://bucket/team",
+        ),
+    ],
+)
+def test_the_progress_table_names_the_studys_storage(experiment: str, filesystem: object, shown: str) -> None:
+    trial = SimpleNamespace(
+        remote_experiment_path=experiment, storage=SimpleNamespace(storage_filesystem=filesystem)
+    )
+    from study.runner import _storage_of
+
+    assert _storage_of(trial) == shown  # type: ignore[arg-type]
