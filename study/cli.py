@@ -23,7 +23,7 @@ import pandas as pd
 from study.launch import raise_a_swallowed_stop, run_again
 from study.lease import LeaseHeld
 from study.spec import SpecError, StudySpec, check_name, list_specs, load_spec
-from study.storage import StudyPaths, list_studies, read_study_table
+from study.storage import StudyPaths, list_studies, nearest_existing, read_study_table
 
 __all__ = ["build_parser", "main"]
 
@@ -472,11 +472,8 @@ def _full_disk(error: BaseException, storage: str | None) -> tuple[str, str] | N
         seen = seen.__cause__ or seen.__context__
     if storage is None or "://" in storage:
         return None
-    existing = Path(storage).absolute()
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
     try:
-        fs = os.statvfs(existing)
+        fs = os.statvfs(nearest_existing(storage))
     except OSError:
         return None
     if fs.f_blocks == 0:  # a pseudo filesystem (/proc, /sys) has no blocks at all: not a full one

@@ -69,6 +69,7 @@ __all__ = [
     "join",
     "journal_cache",
     "list_studies",
+    "nearest_existing",
     "parquet_from_bytes",
     "read_bytes",
     "read_json",
@@ -173,9 +174,7 @@ def check_writable(uri: str) -> None:
     `check_reachable`."""
     if is_remote(uri):
         return
-    existing = Path(_local(uri))
-    while not _exists(existing) and existing != existing.parent:  # (a folder we may not enter: up)
-        existing = existing.parent
+    existing = nearest_existing(_local(uri))
     if not existing.is_dir():
         raise StorageError(f"storage {uri}: {existing} is a file, not a folder; give a folder")
     try:
@@ -188,11 +187,19 @@ def check_writable(uri: str) -> None:
     os.rmdir(probe)
 
 
-def _exists(path: Path) -> bool:
-    try:
-        return path.exists()
-    except OSError:  # Path.exists raises for a parent folder we may not enter (EACCES)
-        return False
+def nearest_existing(path: str | os.PathLike[str]) -> Path:
+    """The path itself if it exists, else its nearest ancestor that does (``/`` at worst): where a
+    local storage that is not made yet will be made, and whose disk it will fill. A path inside
+    a folder we may not enter counts as not there: Path.exists raises for it (EACCES)."""
+    existing = Path(path).absolute()
+    while existing != existing.parent:
+        try:
+            if existing.exists():
+                break
+        except OSError:
+            pass
+        existing = existing.parent
+    return existing
 
 
 def is_remote(uri: str) -> bool:
