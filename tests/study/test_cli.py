@@ -284,6 +284,8 @@ def test_version_names_what_a_bug_report_needs_without_loading_it() -> None:
     (line,) = done.stdout.splitlines()
     assert line.startswith(f"ponder-study {version('ponder-study')} (torch {version('torch')}, ray "), line
     assert f"optuna {version('optuna')}" in line and f"Python {sys.version.split()[0]}" in line, line
+    command = cli("--version", timeout=60)  # the command itself: exit 0, the same line
+    assert (command.returncode, command.stdout, command.stderr) == (0, line + "\n", ""), command
 
 
 @pytest.mark.parametrize(

@@ -104,6 +104,8 @@ def test_a_copy_resumes_and_reads_with_the_original_gone(
         done = cli(*verb, "--storage", str(new), cwd=cwd)
         assert done.returncode == 0, f"{verb}: {done.stdout[-2000:]}{done.stderr[-3000:]}"
         assert not old.exists(), f"{verb} wrote at the old place"
+        if verb[0] == "resume":  # its progress table, pickled at the first run, names the copy
+            assert f"Results: {new} (" in done.stdout, done.stdout[-2000:]
     assert list(cwd.iterdir()) == []
     t = _check_final(new, "c", 4).set_index("trial_id")
     for trial_id, row in before.iterrows():
