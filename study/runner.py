@@ -57,6 +57,8 @@ from study.records import EndRecord, StudyError, load_study_spec, read_end_recor
 from study.scheduler import PersistentASHA, SnapshotBeforeStart
 from study.search import (
     DivergenceAwareOptunaSearch,
+    SamplerRecipe,
+    clear_stale_journal_lock,
     make_scheduler,
     make_searcher,
     optuna_storage,
@@ -80,6 +82,7 @@ from study.storage import (
     write_bytes,
 )
 from study.trainable import fault_iteration, train_trial
+from study.trial_map import map_trials
 
 __all__ = [
     "LiveParquet",
@@ -1023,11 +1026,20 @@ def _replay(controller: Any, trials: list[Trial], spec: StudySpec, paths: StudyP
         if isinstance(callback, ParquetCallback):
             callback.rebind(paths, spec)
     ends = read_end_records(paths)
-    known = {t.trial_id for t in trials}
     searcher = _optuna_searcher(controller._search_alg)
     if searcher is not None:
-        searcher.rebind(paths)
-        searcher.replay(ends, known)
+        searcher.rebind(paths, SamplerRecipe.of(spec))
+        live = {t.trial_id: t.config for t in trials if t.trial_id not in ends}
+        dropped = searcher.reconcile(live, ends)
+        if dropped:  # Tune's list itself: a dropped trial is never queued
+            log.warning(
+                "%d trial(s) in Tune's saved state repeat a configuration another trial holds "
+                "(left by an earlier recovery); they are dropped: %s",
+                len(dropped),
+                ", ".join(sorted(dropped)),
+            )
+            trials[:] = [t for t in trials if t.trial_id not in dropped]
+    known = {t.trial_id for t in trials}
     for trial in trials:
         end = ends.get(trial.trial_id)
         if end is None:
@@ -1045,11 +1057,13 @@ def _replay(controller: Any, trials: list[Trial], spec: StudySpec, paths: StudyP
         controller._search_alg.on_trial_complete(trial.trial_id, result=dict(end.last_result))
     search_alg = controller._search_alg
     limiter = getattr(search_alg, "searcher", None)
-    if isinstance(limiter, ConcurrencyLimiter):  # a trial added from its started record is live
-        for trial in trials:
-            live = trial.status in (Trial.PENDING, Trial.RUNNING, Trial.PAUSED)
-            if live and trial.trial_id not in ends:
-                limiter.live_trials.add(trial.trial_id)
+    if isinstance(limiter, ConcurrencyLimiter):  # rebuilt, not unpickled: a dropped trial there
+        limiter.live_trials = {  # would hold its slot for ever
+            t.trial_id
+            for t in trials
+            if t.status in (Trial.PENDING, Trial.RUNNING, Trial.PAUSED) and t.trial_id not in ends
+        }
+        limiter.num_unfinished_live_trials = len(limiter.live_trials)
     experiment = getattr(search_alg, "_experiment", None)
     if experiment is not None and getattr(controller, "_storage", None) is not None:
         # the searcher's saved experiment creates new trials with the first run's storage: a
@@ -1169,6 +1183,8 @@ def _fit(
     _init_ray(address, paths)
     share_filesystems_when_copied()  # Tune copies its spec, and the filesystem, for each new trial
     journal_copy.pull(paths)
+    if clear_stale_journal_lock(paths.optuna_journal):  # under the lease: a killed driver's
+        log.info("removed the Optuna journal lock a stopped driver left")
     if repair_journal(paths.optuna_journal):
         log.warning("the Optuna journal ended in a torn write (a full disk, a kill); it was cut back")
     # A restored trial that had already ended returns without reporting (nothing runs twice);
@@ -1249,7 +1265,21 @@ def _export_experiment(spec: StudySpec, paths: StudyPaths) -> list[TrialRecord]:
             trials = _TuneTrials(paths.experiment).trials
         finally:
             quiet.setLevel(level)
-    return write_tables(paths, spec, trials)
+    return write_tables(paths, spec, without_duplicates(trials, spec, paths))
+
+
+def without_duplicates(trials: list[Trial], spec: StudySpec, paths: StudyPaths) -> list[Trial]:
+    """Tune's saved trials less those a resume drops (`study.trial_map`): a trial left in Tune's
+    state by an earlier recovery whose configuration another trial holds. Read-only."""
+    if not trials or not Path(paths.optuna_journal).exists():
+        return trials
+    ends = read_end_records(paths)
+    live = {t.trial_id: t.config for t in trials if t.trial_id not in ends}
+    if not live:
+        return trials
+    study = optuna.load_study(study_name=paths.name, storage=optuna_storage(paths))
+    plan = map_trials(study.get_trials(deepcopy=False), live, ends, [d.name for d in spec.space])
+    return [t for t in trials if t.trial_id not in plan.drop]
 
 
 def export(name: str, storage: str) -> StudyPaths:

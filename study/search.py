@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -19,10 +21,13 @@ from study.records import EndRecord, read_end_records
 from study.scheduler import PersistentASHA, SnapshotBeforeStart
 from study.spec import Dimension, StudySpec
 from study.storage import StudyPaths, read_bytes, trial_reports
+from study.trial_map import TUNE_ID_ATTR, map_trials
 
 __all__ = [
     "TUNE_ID_ATTR",
     "DivergenceAwareOptunaSearch",
+    "SamplerRecipe",
+    "clear_stale_journal_lock",
     "make_scheduler",
     "make_searcher",
     "optuna_storage",
@@ -32,8 +37,7 @@ __all__ = [
 ]
 
 
-TUNE_ID_ATTR = "tune_trial_id"
-"""The user attribute of each Optuna trial naming the Tune trial it was asked for."""
+log = logging.getLogger("ponder-study")
 
 
 def _domain(d: Dimension) -> Any:
@@ -57,23 +61,42 @@ def tpe_startup_trials(num_samples: int) -> int:
     return max(2, min(10, num_samples // 4))
 
 
-def _sampler(spec: StudySpec) -> optuna.samplers.BaseSampler:
-    seed = spec.search.seed
-    kind = spec.search.sampler
-    if kind == "tpe":
-        startup = tpe_startup_trials(spec.search.num_samples)
-        return optuna.samplers.TPESampler(seed=seed, n_startup_trials=startup)
-    if kind == "random":
-        return optuna.samplers.RandomSampler(seed=seed)
-    if kind == "qmc":
-        return optuna.samplers.QMCSampler(seed=seed)
-    if kind == "gp":
-        return optuna.samplers.GPSampler(seed=seed)
-    if kind == "grid":  # every combination of the listed values, once (the spec sized num_samples)
-        return optuna.samplers.GridSampler({d.name: list(d.values or ()) for d in spec.space}, seed=seed)
-    if kind == "cmaes":  # the spec refuses it unless the cmaes package is installed
-        return optuna.samplers.CmaEsSampler(seed=seed)
-    raise ValueError(f"unknown sampler {kind!r}")
+@dataclass(frozen=True)
+class SamplerRecipe:
+    """How to build the study's sampler, kept by the searcher so that a resume can build it again."""
+
+    kind: str
+    seed: int | None
+    num_samples: int
+    grid: Mapping[str, Sequence[Any]] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, spec: StudySpec) -> SamplerRecipe:
+        grid = {d.name: list(d.values or ()) for d in spec.space} if spec.search.sampler == "grid" else {}
+        return cls(spec.search.sampler, spec.search.seed, spec.search.num_samples, grid)
+
+    def build(self, asked: int = 0) -> optuna.samplers.BaseSampler:
+        """The sampler for a study that has ``asked`` trials already. A seeded sampler built again
+        with its first seed would draw its first points again, so a resumed study's sampler is
+        seeded with ``seed + asked``; QMC takes its place in the sequence from the study itself."""
+        seed = self.seed
+        if seed is not None and self.kind != "qmc":
+            seed += asked
+        if self.kind == "tpe":
+            return optuna.samplers.TPESampler(
+                seed=seed, n_startup_trials=tpe_startup_trials(self.num_samples)
+            )
+        if self.kind == "random":
+            return optuna.samplers.RandomSampler(seed=seed)
+        if self.kind == "qmc":
+            return optuna.samplers.QMCSampler(seed=seed)
+        if self.kind == "gp":
+            return optuna.samplers.GPSampler(seed=seed)
+        if self.kind == "grid":  # every combination of the listed values, once (the spec sized num_samples)
+            return optuna.samplers.GridSampler({k: list(v) for k, v in self.grid.items()}, seed=seed)
+        if self.kind == "cmaes":  # the spec refuses it unless the cmaes package is installed
+            return optuna.samplers.CmaEsSampler(seed=seed)
+        raise ValueError(f"unknown sampler {self.kind!r}")
 
 
 class DivergenceAwareOptunaSearch(OptunaSearch):
@@ -96,16 +119,24 @@ class DivergenceAwareOptunaSearch(OptunaSearch):
     and in the place that started the study. Restored, the searcher does not touch that path:
     the resume calls `rebind` with where the study is now, which reopens the Optuna study there.
 
-    Every Optuna trial carries the id of the Tune trial it was asked for (`TUNE_ID_ATTR`), so a
-    resume can bring Optuna level with the study's records (`replay`): a trial that ended is told
-    its end, and a trial asked for just before a driver was killed, which Tune never saved
-    (an orphan), is handed to the next new Tune trial instead of a new ask.
+    Every Optuna trial carries the id of the Tune trial it was asked for (`TUNE_ID_ATTR`); at every
+    resume the map between the two is rebuilt from the journal and the end records
+    (`reconcile`, `study.trial_map`), never taken from the pickle. A report or an end of a Tune
+    trial Optuna holds no open trial for is logged and skipped, never raised.
     """
 
     def __init__(
-        self, *, paths: StudyPaths, warm_start: Sequence[Mapping[str, Any]] = (), **kwargs: Any
+        self,
+        *,
+        paths: StudyPaths,
+        recipe: SamplerRecipe | None = None,
+        warm_start: Sequence[Mapping[str, Any]] = (),
+        **kwargs: Any,
     ) -> None:
         self._paths = paths
+        self._recipe = recipe
+        if recipe is not None:
+            kwargs["sampler"] = recipe.build()
         self._orphans: list[int] = []
         self._stale = False
         self._warm_start = [dict(p) for p in warm_start]
@@ -117,8 +148,7 @@ class DivergenceAwareOptunaSearch(OptunaSearch):
         experiment on its existing journal: the trials asked then, still RUNNING, are orphans."""
         super()._setup_study(mode)
         if self._ot_study is not None:
-            self._orphans = []
-            self.replay(read_end_records(self._paths), known=set(self._ot_trials))
+            self.reconcile({}, read_end_records(self._paths))
             for point in self._warm_start:  # a warm start's configurations go first, once
                 self._ot_study.enqueue_trial(point, skip_if_exists=True)
 
@@ -142,34 +172,53 @@ class DivergenceAwareOptunaSearch(OptunaSearch):
         super().restore(checkpoint_path)
         self._paths, self._stale, self._orphans = paths, True, []
 
-    def rebind(self, paths: StudyPaths) -> None:
-        """Use the study where it is now: its journal at ``paths``, not where Tune's pickle says."""
+    def rebind(self, paths: StudyPaths, recipe: SamplerRecipe | None = None) -> None:
+        """Use the study where it is now: its journal at ``paths``, not where Tune's pickle says,
+        and the sampler of its stored spec (``resume --more`` changes its size)."""
         self._paths = paths
+        if recipe is not None:
+            self._recipe = recipe
         self._reopen_study()
 
     def _ready(self) -> None:
         if self._stale:
             self._reopen_study()
 
-    def replay(self, ends: Mapping[str, EndRecord], known: set[str]) -> None:
-        """Bring Optuna level with the study's records before any trial starts: every RUNNING
-        Optuna trial whose Tune trial has an end record is told that end; one whose Tune trial
-        is not among ``known`` (Tune never saved it) waits for the next new Tune trial."""
+    def reconcile(self, live: Mapping[str, Mapping[str, Any]], ends: Mapping[str, EndRecord]) -> set[str]:
+        """Rebuild the map between Tune's trials and Optuna's from the journal and the end records
+        (`study.trial_map`), before any trial runs; the pickled map is not trusted. ``live``: Tune
+        id -> config of every trial Tune would run. Returns the ids of live trials to drop: each
+        duplicates a configuration another trial holds."""
         self._ready()
         if self._ot_study is None:
-            return
-        by_number = {t.number: tid for tid, t in self._ot_trials.items()}
-        running = self._ot_study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
-        for frozen in running:
-            tune_id = frozen.user_attrs.get(TUNE_ID_ATTR) or by_number.get(frozen.number)
-            if tune_id in ends:
-                self._tell(frozen.number, ends[tune_id].last_result, ends[tune_id].outcome == "diverged")
-                self._completed_trials.add(tune_id)
-            elif tune_id not in known:
-                self._orphans.append(frozen.number)
-            elif tune_id not in self._ot_trials:  # restored from its started record (`_replay`):
-                # the searcher's saved state, older, lacks it; its Optuna trial is this one
-                self._ot_trials[tune_id] = optuna.trial.Trial(self._ot_study, frozen._trial_id)
+            return set()
+        study = self._ot_study
+        frozen = study.get_trials(deepcopy=False)
+        recipe = getattr(self, "_recipe", None)  # absent from a searcher pickled by an older version
+        if frozen and recipe is not None:  # never the pickled one: it may lag the journal
+            study.sampler = self._sampler = recipe.build(asked=len(frozen))
+        names = list(self._space) if isinstance(self._space, dict) else []
+        plan = map_trials(frozen, live, ends, names)
+        internal = {t.number: t._trial_id for t in frozen}
+        self._ot_trials = {tid: optuna.trial.Trial(study, internal[n]) for tid, n in plan.held.items()}
+        self._completed_trials = {tid for tid in ends}
+        for number, tid in plan.tell.items():
+            self._tell(number, ends[tid].last_result, ends[tid].outcome == "diverged")
+        for tid, number in plan.adopt.items():
+            if number is None:  # Optuna never had this configuration: a trial with it, asked now
+                study.enqueue_trial({k: live[tid][k] for k in names if k in live[tid]})
+                asked = study.ask(fixed_distributions=self._space) if names else study.ask()
+            else:
+                asked = optuna.trial.Trial(study, internal[number])
+            asked.set_user_attr(TUNE_ID_ATTR, tid)
+            self._ot_trials[tid] = asked
+        self._orphans = list(plan.orphans)
+        return set(plan.drop)
+
+    def _optuna_trial_open(self, trial_id: str) -> bool:
+        """Whether Optuna can still take reports for this Tune trial: one it knows, not finished."""
+        asked = self._ot_trials.get(trial_id)
+        return asked is not None and not asked.storage.get_trial(asked._trial_id).state.is_finished()
 
     def _tell(self, number: int, result: Mapping[str, Any], failed: bool) -> None:
         assert self._ot_study is not None
@@ -198,6 +247,11 @@ class DivergenceAwareOptunaSearch(OptunaSearch):
 
     def on_trial_result(self, trial_id: str, result: dict[str, Any]) -> None:
         self._ready()
+        if trial_id in self._completed_trials:
+            return
+        if not self._optuna_trial_open(trial_id):  # unknown, or its end already told: never raise
+            log.warning("Optuna holds no open trial for Tune trial %s: its report is not sent", trial_id)
+            return
         super().on_trial_result(trial_id, result)
 
     def _told(self, trial_id: str) -> bool:
@@ -213,6 +267,9 @@ class DivergenceAwareOptunaSearch(OptunaSearch):
         self, trial_id: str, result: dict[str, Any] | None = None, error: bool = False
     ) -> None:
         self._ready()
+        if trial_id not in self._ot_trials:  # adopted or dropped at resume; never raise here
+            log.warning("Optuna holds no trial for Tune trial %s: its end is not sent", trial_id)
+            return
         if self._told(trial_id):
             return
         if error:  # Tune gave up on it for now; `resume` retries errored trials, so Optuna waits
@@ -257,6 +314,19 @@ def repair_journal(journal: str) -> int:
     return len(data) - good
 
 
+def clear_stale_journal_lock(journal: str) -> bool:
+    """Remove the lock a killed driver left beside the journal; True if there was one.
+
+    Only the driver holding the study's lease appends to the journal, so under the lease any
+    lock is stale. Left alone it costs the next driver Optuna's 30 s grace period, and one copied
+    from another folder (a symlink to the old journal) makes Optuna's lock wait spin for ever."""
+    lock = journal + ".lock"
+    if not os.path.lexists(lock):
+        return False
+    os.unlink(lock)
+    return True
+
+
 def optuna_storage(paths: StudyPaths) -> optuna.storages.JournalStorage:
     """The study's Optuna storage: a journal file beside the results (optuna-dashboard opens it)."""
     journal = Path(paths.optuna_journal)
@@ -273,7 +343,7 @@ def make_searcher(
     searcher = DivergenceAwareOptunaSearch(  # lists: Optuna's multi-objective study
         metric=metrics if spec.multi_objective else metrics[0],
         mode=modes if spec.multi_objective else modes[0],
-        sampler=_sampler(spec),
+        recipe=SamplerRecipe.of(spec),
         study_name=paths.name,
         paths=paths,
         warm_start=warm_start,

@@ -16,6 +16,7 @@ import optuna
 import pandas as pd
 import pytest
 
+from study.search import TUNE_ID_ATTR, optuna_storage
 from study.spec import load_spec
 from study.storage import StudyPaths
 from tests.study.conftest import Driver, cli, finished, history, ledger_has, smoke_spec, trials
@@ -182,3 +183,37 @@ def test_resume_of_a_finished_study_runs_nothing(smoke: tuple[Path, object], tmp
         before.drop(columns="checkpoint_path").sort_values("trial_id").reset_index(drop=True),
         after.drop(columns="checkpoint_path").sort_values("trial_id").reset_index(drop=True),
     )
+
+
+STUCK = Path(__file__).parent / "data" / "stuck-after-sigkill.tar.gz"
+"""A study a SIGKILL left stuck (kill campaign, seed 4242): a torn-state recovery had started a new
+Tune experiment, and a later resume brought back two trials of the old one (9996d5ee, a31249db)
+with the configurations of Optuna's trials 0 and 1, which 752d64c4 (running) and f6885e52 (ended)
+hold. It also holds a lock of Optuna's journal that links to the folder it was made in."""
+
+
+def test_a_study_stuck_after_a_kill_finishes_at_the_next_resume(tmp_path: Path) -> None:
+    """The map between Tune's trials and Optuna's is rebuilt from the journal and the end records:
+    the two old trials are dropped, not run again (nor sent to a searcher that never knew them)."""
+    storage = tmp_path / "unpacked elsewhere"
+    storage.mkdir()
+    shutil.unpack_archive(STUCK, storage)
+    name = "k4242-0"
+    done = cli("resume", name, "--storage", str(storage), timeout=180)  # the table on, as users run it
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert "Traceback" not in done.stdout + done.stderr
+    assert "they are dropped: 9996d5ee, a31249db" in done.stderr
+
+    table = trials(storage, name)
+    assert len(table) == 8 and table["trial_id"].is_unique
+    assert not table.duplicated(["lambda_p", "beta", "max_steps", "seed"]).any()  # none twice
+    assert not {"9996d5ee", "a31249db"} & set(table["trial_id"])
+    ended = table.set_index("trial_id")
+    assert (ended.loc["f6885e52", "status"], ended.loc["f6885e52", "iteration"]) == ("early_stopped", 10)
+    assert ended.loc["752d64c4", "status"] == "completed"
+    assert set(history(storage, name)["trial_id"]) == set(table["trial_id"])
+
+    paths = StudyPaths(str(storage), name)
+    study = optuna.load_study(study_name=name, storage=optuna_storage(paths))
+    assert [t.state for t in study.trials] == [optuna.trial.TrialState.COMPLETE] * 8  # trial 0 too
+    assert sorted(t.user_attrs[TUNE_ID_ATTR] for t in study.trials) == sorted(table["trial_id"])

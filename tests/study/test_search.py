@@ -94,7 +94,7 @@ def test_an_optuna_trial_tune_never_saved_goes_to_the_next_new_trial(tmp_path: P
     restored = make_searcher(SPEC, paths).searcher
     restored.restore(str(tmp_path / "searcher.pkl"))
     restored.rebind(paths)
-    restored.replay({}, known={"t1"})
+    restored.reconcile({"t1": {}}, {})
     assert restored.suggest("t3") == orphan
     trials = _study(paths).trials
     assert len(trials) == 2
@@ -112,7 +112,7 @@ def test_replay_tells_optuna_the_ends_it_missed(tmp_path: Path, outcome: str) ->
     searcher.suggest("t1")
     searcher.suggest("t2")
     end = EndRecord("t1", outcome, 60, last_result={METRIC: 0.875, "outcome": "completed"})
-    searcher.replay({"t1": end}, known={"t1", "t2"})
+    searcher.reconcile({"t2": {}}, {"t1": end})
     t1, t2 = _study(paths).trials
     if outcome == "diverged":
         assert t1.state == optuna.trial.TrialState.FAIL
@@ -135,3 +135,27 @@ def test_a_new_tune_experiment_on_an_existing_journal_adopts_its_running_trials(
     again.suggest("u3")
     trials = _study(paths).trials
     assert [t.user_attrs[TUNE_ID_ATTR] for t in trials] == ["u1", "u2", "u3"]
+
+
+def test_a_searcher_built_again_does_not_draw_its_first_points_again(tmp_path: Path) -> None:
+    """A resume builds the sampler again (a new Tune experiment, or a pickle older than the
+    journal): seeded as at the start, it would propose the study's first configurations again."""
+    paths = StudyPaths(str(tmp_path), "s")
+    first = _searcher(paths)
+    asked = [first.suggest("t1"), first.suggest("t2")]
+    again = _searcher(paths)  # both asked trials are orphans: u1 and u2 take them
+    assert [again.suggest("u1"), again.suggest("u2")] == asked
+    assert again.suggest("u3") not in asked
+
+
+def test_a_report_or_end_of_a_trial_optuna_does_not_hold_is_skipped(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    paths = StudyPaths(str(tmp_path), "s")
+    searcher = _searcher(paths)
+    searcher.suggest("t1")
+    with caplog.at_level(logging.WARNING):
+        searcher.on_trial_result("stranger", {METRIC: 0.5, "training_iteration": 1, "iteration": 10})
+        searcher.on_trial_complete("stranger", result={METRIC: 0.5})
+    assert "no open trial for Tune trial stranger" in caplog.text
+    assert [t.state for t in _study(paths).trials] == [optuna.trial.TrialState.RUNNING]
