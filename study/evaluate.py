@@ -40,6 +40,7 @@ __all__ = [
     "choose_trial",
     "evaluate_trial",
     "format_evaluation",
+    "saved_steps",
 ]
 
 HALTING_SEED = 104_729
@@ -77,8 +78,15 @@ class SetEvaluation:
 
     @property
     def speedup(self) -> float:
-        """``full_unroll_s / early_exit_s``: above 1 when early exit is faster."""
+        """``full_unroll_s / early_exit_s``: above 1 when early exit is faster. Not called a speedup
+        where early exit skipped no step call (`saved_steps`)."""
         return self.full_unroll_s / self.early_exit_s if self.early_exit_s > 0 else math.inf
+
+
+def saved_steps(s: SetEvaluation, max_steps: int) -> int:
+    """Step calls on the batch that early exit skipped against the full unroll's ``max_steps``:
+    0 when some sample pondered to the last step, so halting saved no step."""
+    return max(0, max_steps - s.step_calls_per_batch)
 
 
 @dataclass(frozen=True)
@@ -191,7 +199,7 @@ def format_evaluation(e: Evaluation) -> str:
                 f"{s.step_calls_per_batch} of {e.max_steps}",
                 _seconds(s.early_exit_s),
                 _seconds(s.full_unroll_s),
-                f"{s.speedup:.2f}x",
+                f"{s.speedup:.2f}x" if saved_steps(s, e.max_steps) else "none",
             )
         )
     widths = [max(len(row[i]) for row in table) for i in range(len(header))]
@@ -201,8 +209,23 @@ def format_evaluation(e: Evaluation) -> str:
     lines.append("")
     lines.append(
         "halted acc: early exit, each sample's coins seeded; recorded: the trials Parquet; full unroll acc: "
-        "training's path (all max_steps, halting step sampled from p); speedup: full unroll / early exit"
+        "training's path (all max_steps, halting step sampled from p); speedup: full unroll / early exit, "
+        "where early exit skipped step calls"
     )
+    for s in e.sets:
+        if saved_steps(s, e.max_steps):
+            continue
+        ratio = s.early_exit_s / s.full_unroll_s if s.full_unroll_s > 0 else math.inf
+        why = (
+            "the halting coins and the shrinking batch cost time and skipped no call"
+            if ratio >= 1
+            else "only from running later steps on fewer samples, not from a skipped step"
+        )
+        lines.append(
+            f"{s.name}: halting saved no step: some sample was still pondering at step {e.max_steps} "
+            f"(max_steps), so early exit called the step function {s.step_calls_per_batch} times on the "
+            f"batch, as the full unroll does; it took {ratio:.2f}x the full unroll's time ({why})"
+        )
     return "\n".join(lines)
 
 

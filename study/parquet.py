@@ -66,7 +66,9 @@ __all__ = [
     "WORST",
     "TrialRecord",
     "beats_chance",
+    "chance_bar",
     "fill_config_defaults",
+    "front_eligible",
     "history_table",
     "leaderboard",
     "pareto_marks",
@@ -214,29 +216,41 @@ def _objective_key(metric: str, mode: str) -> Any:
     return key
 
 
+def chance_bar(task: Any, eval_samples: Any) -> float | None:
+    """The halted accuracy a trial of ``task`` must exceed to beat chance: chance plus 3 standard
+    errors of an evaluation set of ``eval_samples`` (chance alone where the size is unknown);
+    None for a task without a known chance level."""
+    chance = CHANCE.get(str(task))
+    if chance is None:
+        return None
+    size = float(eval_samples) if isinstance(eval_samples, numbers.Real) else math.nan  # numpy, pandas too
+    return chance + (3 * math.sqrt(chance * (1 - chance) / size) if size > 0 else 0.0)  # NaN > 0 is False
+
+
 def beats_chance(row: Mapping[str, Any], accuracy: str) -> bool:
     """Whether a trial's halted accuracy is above a guess's by more than 3 standard errors of its
-    evaluation set (``eval_samples``): 0.5 + 3 * sqrt(0.25 / 200) = 0.606 for parity-smoke."""
-    chance = CHANCE.get(str(row.get("task")))
-    value, n = row.get(accuracy), row.get("eval_samples")
-    if chance is None or not isinstance(value, numbers.Real) or not math.isfinite(value):
-        return chance is None  # a task without a known chance level is not held to one
-    size = float(n) if isinstance(n, numbers.Real) else math.nan  # numpy and pandas numbers too
-    margin = 3 * math.sqrt(chance * (1 - chance) / size) if size > 0 else 0.0  # NaN > 0 is False
-    return float(value) > chance + margin
+    evaluation set (``eval_samples``, `chance_bar`): 0.5 + 3 * sqrt(0.25 / 200) = 0.606 for parity-smoke."""
+    bar = chance_bar(row.get("task"), row.get("eval_samples"))
+    value = row.get(accuracy)
+    if bar is None:
+        return True  # a task without a known chance level is not held to one
+    return isinstance(value, numbers.Real) and math.isfinite(value) and float(value) > bar
+
+
+def front_eligible(row: Mapping[str, Any], objectives: Sequence[tuple[str, str]]) -> bool:
+    """Whether a trial may be on the Pareto front of ``objectives``: it ran its full budget
+    (``completed``) and each of its halted accuracies among them beats chance (`beats_chance`)."""
+    return row.get("status") == "completed" and all(
+        beats_chance(row, m) for m, _ in objectives if m.endswith("/halted_accuracy")
+    )
 
 
 def pareto_marks(rows: Sequence[Mapping[str, Any]], objectives: Sequence[tuple[str, str]]) -> list[bool]:
-    """Which rows are Pareto-optimal on ``objectives`` among the trials that ran their full budget
-    (``completed``) and whose halted accuracies beat chance (`beats_chance`). An early-stopped
-    trial was measured on a smaller budget, and a trial at chance answers nothing however few its
-    steps: neither is a trade-off anyone would pick, so neither is on the front."""
-    eligible = [
-        i
-        for i, r in enumerate(rows)
-        if r["status"] == "completed"
-        and all(beats_chance(r, m) for m, _ in objectives if m.endswith("/halted_accuracy"))
-    ]
+    """Which rows are Pareto-optimal on ``objectives`` among the trials `front_eligible` admits.
+    An early-stopped trial was measured on a smaller budget, and a trial at chance answers
+    nothing however few its steps: neither is a trade-off anyone would pick, so neither is on the
+    front."""
+    eligible = [i for i, r in enumerate(rows) if front_eligible(r, objectives)]
     marks = [False] * len(rows)
     if not eligible or not objectives:
         return marks

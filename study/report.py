@@ -33,6 +33,7 @@ import html
 import io
 import math
 import os
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
@@ -49,7 +50,7 @@ from ponder.halting import PriorTail, log_geometric_prior
 from ponder.metrics import CHANCE
 from study.asha_state import read_state
 from study.importance import EVALUATOR, SEED, Importances, importances
-from study.parquet import fill_config_defaults, pareto_marks, ranked_trials
+from study.parquet import chance_bar, fill_config_defaults, front_eligible, pareto_marks, ranked_trials
 from study.seeds import GAP, SEED_METRICS, seed_intervals
 from study.spec import NAME_PATTERN, SpecError, StudySpec, parse_spec
 from study.storage import StudyPaths, is_remote, join, read_bytes, read_study_table, write_bytes
@@ -229,6 +230,74 @@ def _has_pareto_column(trials: pd.DataFrame) -> bool:
     if "pareto" not in trials.columns:
         return False
     return any(v is not None and v is not pd.NA and not _is_nan(v) for v in trials["pareto"])
+
+
+@dataclass(frozen=True)
+class _FrontRule:
+    """The rule a trial must pass to be ringed in the Pareto plot, and what came of it."""
+
+    text: str
+    """The rule and how many trials pass it, for the caption."""
+    bars: tuple[float, ...]
+    """The halted accuracies an eligible trial must exceed (chance plus 3 standard errors)."""
+    eligible: int
+    """Plotted trials that pass the rule."""
+    ringed: int
+    """Trials ringed in the plot."""
+
+
+def _front_rule(study: _Study) -> _FrontRule:
+    """Which trials may be on the front (`front_eligible`: completed, above chance by 3 standard
+    errors), in words, with how many pass and are ringed: a caption true of the plot it sits under."""
+    trials = study.trials.reset_index(drop=True)
+    from_column = _has_pareto_column(trials)
+    objectives = (
+        study.spec.front_objectives if from_column else ((study.accuracy, "max"), (study.steps, "min"))
+    )
+    accuracies = [m for m, _ in objectives if m.endswith("/halted_accuracy")]
+    plotted = _finite(trials, study.steps, study.accuracy)
+    records = plotted.to_dict("records")
+    eligible = sum(front_eligible(r, objectives) for r in records)
+    ringed = int(pareto_front(trials, study.accuracy, study.steps)[plotted.index.to_numpy()].sum())
+    both = "both" if len(objectives) == 2 else "each"
+    text = (
+        f"The ringed trials are the Pareto front on {' and '.join(f'{m} ({mode})' for m, mode in objectives)}"
+        f"{', as the trials table marks it' if from_column else ''}: the eligible trials no other "
+        f"eligible trial beats on {both}. Eligible: completed, that is trained for the whole "
+        f"{study.spec.iterations}-iteration budget (an early-stopped trial was measured on less training)"
+    )
+    bars: dict[float, int | None] = {}
+    for r in records:
+        value = _number(r.get("eval_samples"))
+        size = int(value) if math.isfinite(value) else None
+        bar = chance_bar(r.get("task", study.spec.task), size)
+        if bar is not None:
+            bars[bar] = size
+    chance = CHANCE.get(study.spec.task)
+    if accuracies and bars and chance is not None:
+        sizes = set(bars.values())
+        samples = f"{next(iter(sizes))}-sample " if len(sizes) == 1 and None not in sizes else ""
+        text += (
+            f", with {' and '.join(accuracies)} above chance ({chance:g}) by more than 3 standard errors "
+            f"of its {samples}evaluation set: above {' or '.join(f'{b:.4g}' for b in sorted(bars))} "
+            "(the dashed line)"
+        )
+    text += "."
+    completed = [r for r in records if r.get("status") == "completed"]
+    if ringed:
+        text += f" {eligible} of {len(records)} trials pass this rule; {ringed} ringed."
+    elif not completed:
+        text += " No trial has completed its budget yet: none is eligible, nothing is ringed."
+    elif not eligible:
+        best = max((_number(r.get(study.accuracy)) for r in completed), default=math.nan)
+        text += (
+            f" No trial passes this rule (the best completed trial's {study.accuracy} is {_num(best)}), "
+            "so nothing is ringed: there is no front yet."
+        )
+    else:
+        text += f" {eligible} trials pass this rule, but the trials table marks none: nothing is ringed."
+    shown = tuple(sorted(bars)) if study.accuracy in accuracies and chance is not None else ()
+    return _FrontRule(text, shown, eligible, ringed)
 
 
 # -- reading ------------------------------------------------------------------------------------
@@ -474,9 +543,33 @@ def _pareto(study: _Study) -> Figure:
     ax.set_ylabel(f"halted accuracy ({study.set_name})")
     ax.grid(alpha=0.3)
     _scatter_by_status(ax, finite, study.steps, study.accuracy)
+    rule = _front_rule(study)
+    for i, bar in enumerate(rule.bars):
+        ax.axhline(
+            bar,
+            color="tab:red",
+            ls="--",
+            lw=1,
+            label="front needs a completed trial above this (chance + 3 standard errors)" if i == 0 else None,
+        )
     on_front = finite[front[finite.index.to_numpy()]].sort_values(study.steps)
-    if not on_front.empty:
-        source = "the trials table's pareto column" if _has_pareto_column(trials) else "ended trials"
+    if on_front.empty:
+        above = f", halted accuracy above {' or '.join(f'{b:.4g}' for b in rule.bars)}" if rule.bars else ""
+        why = "no trial passes the front's rule" if not rule.eligible else "the trials table marks none"
+        low, high = ax.get_ylim()
+        ax.set_ylim(low, high + 0.15 * (high - low))  # room for the note above the points
+        ax.text(
+            0.02,
+            0.98,
+            f"nothing ringed: {why}\n(eligible: completed{above})",
+            transform=ax.transAxes,
+            va="top",
+            fontsize=9,
+            color="tab:red",
+            bbox={"facecolor": "white", "edgecolor": "tab:red", "alpha": 0.9},
+        )
+    else:
+        source = "the trials table's pareto column" if _has_pareto_column(trials) else "eligible trials"
         x, y = on_front[study.steps].astype(float), on_front[study.accuracy].astype(float)
         ax.plot(x, y, "-", color="black", lw=1.2, zorder=2)
         ax.scatter(
@@ -777,7 +870,8 @@ img { max-width: 100%; border: 1px solid #ddd; }
 code { background: #f3f3f3; padding: 0 0.25em; }
 table { border-collapse: collapse; font-size: 0.9em; }
 th, td { padding: 0.25em 0.6em; border-bottom: 1px solid #ddd; text-align: right; }
-th { background: #f3f3f3; }
+th { background: #f3f3f3; vertical-align: bottom; }
+.wide { max-width: 100%; overflow-x: auto; }
 .nodata { color: #a33; }
 .pending { color: #777; }
 table.importance { margin: 0.5em 0 1em; }
@@ -803,7 +897,7 @@ def _captions(study: _Study) -> dict[str, str]:
         "sensitivity": f"Halted accuracy and mean halting step on the {s} set against lambda_p, one point "
         f"per trial coloured by status; {spread}",
         "pareto": f"Accuracy against thinking time on the {s} set: each trial's halted accuracy against its "
-        "mean halting step; the ringed trials are the Pareto front, those no other trial beats on both.",
+        f"mean halting step, coloured by status. {_front_rule(study).text}",
         "halting_distribution": "The best trial's halting distribution p_n (bars, the mean over the set) "
         "against the geometric prior p_G(lambda_p) truncated at max_steps that its loss pulls it towards.",
         "per_step_accuracy": f"Accuracy on the {s} set if the model halted at step n, for the top {TOP} "
@@ -971,7 +1065,18 @@ def _top_table(study: _Study, ranked: pd.DataFrame) -> str:
     text: str = table.to_html(
         index=False, na_rep="", border=0, float_format=lambda v: f"{v:.4g}", classes="trials"
     )
-    return text
+    return _fitting(text)
+
+
+def _fitting(table: str) -> str:
+    """A pandas HTML table that fits the page: a metric's header may break after ``/`` and ``_``
+    (``test/<wbr>halted_<wbr>accuracy``), and a table still too wide scrolls in its own box."""
+
+    def breakable(header: re.Match[str]) -> str:
+        name = header[2]
+        return header[1] + (re.sub(r"([/_])(?=.)", r"\1<wbr>", name) if "/" in name else name) + header[3]
+
+    return f'<div class="wide">{re.sub(r"(<th[^>]*>)([^<]*)(</th>)", breakable, table)}</div>'
 
 
 _SEEDS_CAPTION = (
@@ -1012,7 +1117,7 @@ def _seeds_table(seeds: pd.DataFrame) -> str:
     text: str = pd.DataFrame(rows, columns=[*keys, "seeds", *metrics]).to_html(
         index=False, border=0, classes="seeds"
     )
-    return text
+    return _fitting(text)
 
 
 def _write(path: str, data: bytes) -> None:

@@ -13,7 +13,13 @@ import pyarrow as pa
 import pytest
 import torch
 
-from study.evaluate import EvaluateError, Evaluation, evaluate_trial, format_evaluation
+from study.evaluate import (
+    EvaluateError,
+    Evaluation,
+    SetEvaluation,
+    evaluate_trial,
+    format_evaluation,
+)
 from study.parquet import ENDED_WITH_RESULT
 from study.storage import StudyPaths, read_bytes, read_table, write_bytes, write_parquet
 from tests.study.conftest import S3, trials
@@ -86,7 +92,41 @@ def test_the_table_shows_each_set_against_the_full_unroll(best: Evaluation) -> N
     for s in best.sets:
         line = next(line for line in lines if line.startswith(f"{s.name} "))
         assert f"{s.halted_accuracy:.3f}" in line and f"{s.recorded_halted_accuracy:.3f}" in line
-        assert f"of {best.max_steps}" in line and f"{s.speedup:.2f}x" in line
+        assert f"of {best.max_steps}" in line
+        if s.step_calls_per_batch < best.max_steps:
+            assert line.endswith(f"{s.speedup:.2f}x")
+        else:  # every step call made: the time ratio is no speedup, and the text says why
+            assert line.endswith("none") and f"{s.name}: halting saved no step" in text
+
+
+def _evaluation(calls: int, early_exit_s: float, full_unroll_s: float) -> Evaluation:
+    """An evaluation of one set of 200 samples, ``calls`` step calls on the batch of max_steps 6."""
+    s = SetEvaluation(
+        name="test",
+        n=200,
+        halted_accuracy=0.62,
+        mean_halting_step=1.94,
+        step_calls_per_sample=1.94,
+        step_calls_per_batch=calls,
+        early_exit_s=early_exit_s,
+        full_unroll_accuracy=0.605,
+        full_unroll_s=full_unroll_s,
+        recorded_halted_accuracy=0.605,
+    )
+    return Evaluation(NAME, "t0", "completed", "/ckpt", 60, 0.5, 0.01, 6, "cpu", 3, None, [s])
+
+
+def test_a_time_ratio_without_a_saved_step_is_not_called_a_speedup() -> None:
+    # the smoke study's case: 6 step calls of 6, early exit slower (0.58x): no step saved, no speedup
+    text = format_evaluation(_evaluation(6, 0.002, 0.00116))
+    row = next(line for line in text.splitlines() if line.startswith("test "))
+    assert row.split()[-1] == "none" and "0.58x" not in text
+    assert "test: halting saved no step: some sample was still pondering at step 6 (max_steps)" in text
+    assert "called the step function 6 times" in text and "took 1.72x the full unroll's time" in text
+    # fewer step calls than max_steps: halting saved steps, and the ratio is a speedup
+    text = format_evaluation(_evaluation(4, 0.001, 0.002))
+    row = next(line for line in text.splitlines() if line.startswith("test "))
+    assert row.split()[-1] == "2.00x" and "saved no step" not in text
 
 
 def _one_line(exc: pytest.ExceptionInfo[EvaluateError]) -> str:

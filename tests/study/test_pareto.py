@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from study.pareto import pareto_mask
+from study.parquet import beats_chance, chance_bar, front_eligible, pareto_marks
 
 
 def _dominated(x: np.ndarray, i: int, sign: np.ndarray) -> bool:
@@ -39,3 +40,19 @@ def test_bad_shapes_and_modes_are_refused() -> None:
         pareto_mask(np.zeros((3, 2)), ["max"])
     with pytest.raises(ValueError, match="'max' or 'min'"):
         pareto_mask(np.zeros((3, 1)), ["maximise"])
+
+
+def test_the_front_admits_completed_trials_above_the_chance_bar() -> None:
+    # parity on 200 samples: 0.5 + 3 * sqrt(0.25 / 200) = 0.6061; 0.605 is beaten by nothing
+    # but is not above it, so there is no front (what the report's Pareto caption then says)
+    bar = chance_bar("parity", 200)
+    assert bar == pytest.approx(0.606066, abs=1e-6)
+    assert chance_bar("parity", None) == 0.5 and chance_bar("no-such-task", 200) is None
+    objectives = [("test/halted_accuracy", "max"), ("test/mean_halting_step", "min")]
+    row = {"status": "completed", "task": "parity", "eval_samples": 200, "test/mean_halting_step": 1.9}
+    best = {**row, "test/halted_accuracy": 0.605}
+    assert not beats_chance(best, "test/halted_accuracy") and not front_eligible(best, objectives)
+    assert pareto_marks([best], objectives) == [False]
+    above = {**row, "test/halted_accuracy": 0.607}
+    assert front_eligible(above, objectives) and pareto_marks([best, above], objectives) == [False, True]
+    assert not front_eligible({**above, "status": "early_stopped"}, objectives)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import math
 import re
 import shutil
@@ -85,6 +86,11 @@ def _check(report: Report) -> _Index:
     assert "<script" not in text and "<link" not in text
     assert not list(directory.glob(".*.tmp"))
     return index
+
+
+def _headers(table: str) -> list[str]:
+    """A table's column names, without the line-break hints (``<wbr>``) of its headers."""
+    return re.findall(r"<th>([^<]*)</th>", table.replace("<wbr>", ""))
 
 
 def _best_trial(storage: Path, name: str, metric: str = "test/halted_accuracy") -> str:
@@ -179,6 +185,71 @@ def test_the_pareto_plot_marks_the_undominated_ended_trials() -> None:
     assert pareto_front(trials.iloc[:0], acc, steps).tolist() == []
 
 
+def _parity_study(storage: Path, name: str, rows: list[tuple[str, float, float]]) -> None:
+    """``parity-smoke`` written by hand, one trial per (status, test halted accuracy, mean
+    halting step), its ``pareto`` column as the study would write it: no Ray, no training."""
+    from study.parquet import pareto_marks
+
+    acc, steps = "test/halted_accuracy", "test/mean_halting_step"
+    paths = StudyPaths(str(storage), name)
+    write_bytes(paths.spec, (SPECS_DIR / "parity-smoke.toml").read_bytes())
+    trials = pd.DataFrame(
+        {
+            "trial_id": [f"t{i}" for i in range(len(rows))],
+            "status": [status for status, _, _ in rows],
+            "task": "parity",
+            "eval_samples": 200,
+            "iterations": 60,
+            "lambda_p": [0.2 + 0.1 * i for i in range(len(rows))],
+            "beta": 0.01,
+            "max_steps": 6,
+            "iteration": [60 if status == "completed" else 10 for status, _, _ in rows],
+            acc: [a for _, a, _ in rows],
+            steps: [n for _, _, n in rows],
+            "nan_events": 0,
+        }
+    )
+    trials["pareto"] = pareto_marks(trials.to_dict("records"), [(acc, "max"), (steps, "min")])
+    write_parquet(paths.trials_parquet, pa.Table.from_pandas(trials, preserve_index=False))
+
+
+def _pareto_caption(report: Report) -> str:
+    text = Path(report.index).read_text(encoding="utf-8")
+    section = text[text.index('<section id="pareto">') : text.index('<section id="halting_distribution">')]
+    return html.unescape(re.findall(r"<p>(.*?)</p>", section, flags=re.S)[0])
+
+
+def test_the_pareto_caption_states_its_rule_and_says_when_nothing_passes_it(tmp_path: Path) -> None:
+    # the smoke study's case: the best trial (0.605, completed) is beaten by nothing, but is not
+    # above chance by 3 standard errors of 200 samples (0.6061): nothing is ringed, and it says so
+    smoke = [("completed", 0.605, 1.9), ("completed", 0.53, 1.955), ("early_stopped", 0.555, 1.5)]
+    _parity_study(tmp_path, "chance", smoke)
+    report = write_report("chance", str(tmp_path), out=str(tmp_path / "chance"))
+    assert "pareto" not in report.missing
+    caption = _pareto_caption(report)
+    assert "60-iteration budget" in caption and "above chance (0.5)" in caption
+    assert "200-sample evaluation set: above 0.6061" in caption
+    assert "No trial passes this rule" in caption and "is 0.605" in caption
+    assert "nothing is ringed" in caption
+    # one completed trial above the bar: it is the front, and the caption counts it
+    _parity_study(tmp_path, "front", [*smoke, ("completed", 0.65, 2.5)])
+    caption = _pareto_caption(write_report("front", str(tmp_path), out=str(tmp_path / "front")))
+    assert "above 0.6061" in caption and "1 of 4 trials pass this rule; 1 ringed." in caption
+    assert "No trial passes" not in caption
+
+
+def test_the_top_trials_table_may_wrap_its_headers_and_scrolls_in_its_own_box(tmp_path: Path) -> None:
+    _parity_study(tmp_path, "wide", [("completed", 0.605, 1.9), ("early_stopped", 0.555, 1.5)])
+    report = write_report("wide", str(tmp_path), out=str(tmp_path / "report"))
+    text = Path(report.index).read_text(encoding="utf-8")
+    assert re.search(r"\.wide \{[^}]*overflow-x: auto", text)  # wider than the page: it scrolls alone
+    top = text[text.index('<section id="top">') :]
+    assert re.search(r'<div class="wide">\s*<table[^>]*class="[^"]*trials', top)
+    # a metric's header may break after / and _, a plain name never
+    assert "<th>test/<wbr>halted_<wbr>accuracy</th>" in top and "<th>lambda_p</th>" in top
+    assert "test/halted_accuracy" in _headers(top)
+
+
 def _mnist_study(storage: Path, name: str, n_trials: int) -> None:
     """An MNIST-like study written by hand through the Parquet contract: no easy/hard sets, no
     asha.json, ``n_trials`` trials (the first completed, the others stopped after two reports)."""
@@ -239,7 +310,7 @@ def test_the_top_trials_show_halted_best_step_and_stable_accuracy_side_by_side(t
     _check(report)  # per_step_accuracy.png draws them beside the per-step curves
     text = Path(report.index).read_text(encoding="utf-8")
     table = text[text.index('<section id="top">') :]
-    headers = re.findall(r"<th>([^<]*)</th>", table)
+    headers = _headers(table)
     at = headers.index("test/halted_accuracy")
     assert headers[at : at + 3] == ["test/halted_accuracy", "test/best_step_accuracy", "test/stable_accuracy"]
     first = re.findall(r"<td>([^<]*)</td>", table)[: len(headers)]  # the best trial, t0: 0.9 after 8 reports
@@ -327,7 +398,7 @@ def test_a_study_that_repeats_configurations_shows_means_and_intervals_over_seed
     assert "Seeds: 2 configurations run under 3 seeds" in index.summary
     text = Path(report.index).read_text(encoding="utf-8")
     table = text[text.index('<section id="seeds">') : text.index('<section id="top">')]
-    headers = re.findall(r"<th>([^<]*)</th>", table)
+    headers = _headers(table)
     assert headers[:2] == ["lambda_p", "seeds"]
     assert {"test/halted_accuracy", "test/stable_accuracy", "easy_minus_hard_steps"} <= set(headers)
     cells = re.findall(r"<td>([^<]*)</td>", table)

@@ -20,6 +20,16 @@ from study.report import PLOTS, write_report
 _BROWSERS = ("chromium", "chromium-browser", "google-chrome")
 _PROBE = """<script>
 window.addEventListener("load", () => {
+  const table = document.querySelector("#top table");
+  const widths = document.createElement("pre");
+  widths.id = "widths";
+  widths.textContent = JSON.stringify({
+    window: document.documentElement.clientWidth,
+    page: document.documentElement.scrollWidth,
+    table: table.getBoundingClientRect().right,
+    box: [table.parentElement.scrollWidth, table.parentElement.clientWidth],
+  });
+  document.body.appendChild(widths);
   const sizes = document.createElement("pre");
   sizes.id = "image-sizes";
   sizes.textContent = JSON.stringify(
@@ -27,8 +37,8 @@ window.addEventListener("load", () => {
   document.body.appendChild(sizes);
 });
 </script>"""
-"""Added to a copy of the page: on load, every image's natural size is written into the DOM,
-which ``--dump-dom`` prints."""
+"""Added to a copy of the page: on load, every image's natural size and the widths of the page
+and its top-trials table are written into the DOM, which ``--dump-dom`` prints."""
 
 
 def _browser() -> str:
@@ -66,7 +76,12 @@ def test_every_image_of_the_report_loads_and_the_page_is_not_blank(
     text = index.read_text(encoding="utf-8")
     probe.write_text(text.replace("</body>", f'<img src="no-such.png" alt="x">{_PROBE}</body>'))
     dom = _chromium(
-        browser, tmp_path / "profile", "--virtual-time-budget=10000", "--dump-dom", probe.as_uri()
+        browser,
+        tmp_path / "profile",
+        "--virtual-time-budget=10000",
+        "--window-size=1200,2000",
+        "--dump-dom",
+        probe.as_uri(),
     )
     found = re.search(r'<pre id="image-sizes">(.*?)</pre>', dom.stdout, flags=re.S)
     assert found, dom.stdout[-2000:]
@@ -77,6 +92,12 @@ def test_every_image_of_the_report_loads_and_the_page_is_not_blank(
     assert sizes.pop("no-such.png")[1] == 0  # the probe tells a broken image
     for src, (complete, width, height) in sizes.items():
         assert complete and width > 0 and height > 0, (src, sizes[src])
+    # the top-trials table fits a 1,200 px window: no column cut off, no scrolling needed
+    found = re.search(r'<pre id="widths">(.*?)</pre>', dom.stdout, flags=re.S)
+    assert found, dom.stdout[-2000:]
+    widths = json.loads(html.unescape(found[1]))
+    assert widths["window"] == 1200 and widths["page"] <= 1200, widths
+    assert widths["table"] <= 1200 and widths["box"][0] <= widths["box"][1], widths
 
     shot = tmp_path / "page.png"
     _chromium(
