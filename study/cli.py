@@ -149,7 +149,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--warm-start",
         metavar="STUDY",
         help="an earlier study (same storage) whose best trials, by its own objective, are this study's "
-        "first trials (only the fields this spec searches; a value outside this spec's space is refused)",
+        "first trials (only the fields this spec searches; a trial with a value outside this spec's "
+        "space is skipped, with a note saying what to widen)",
     )
     run.add_argument(
         "--top", type=int, default=5, metavar="K", help="how many of --warm-start's best trials (default: 5)"
@@ -274,6 +275,11 @@ def _trials(paths: StudyPaths) -> pd.DataFrame | None:
     return None if table is None else fill_config_defaults(table.to_pandas())
 
 
+def _count(n: int, noun: str) -> str:
+    """``1 plot``, ``2 plots``."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 def resume_command(name: str, storage: str) -> str:
     """The exact command that continues a study, quoted for a POSIX shell."""
     command = f"{PROG} resume {shlex.quote(name)}"
@@ -293,41 +299,70 @@ def _warm_start(name: str, storage: str, spec: StudySpec, top: int) -> list[dict
             f"--warm-start {name}: it has no Parquet yet under {storage}; run `{PROG} export {name}`"
         )
     start = warm_start_points(spec, earlier, table.to_pandas(), top, name)
-    print(f"warm start: {len(start.points)} best trials of {name} ({', '.join(start.trial_ids)}) go first")
+    if (note := start.note(name)) is not None:
+        print(note)
+    n, ids = len(start.points), ", ".join(start.trial_ids)
+    print(f"warm start: {_count(n, 'best trial')} of {name} ({ids}) go{'es' if n == 1 else ''} first")
     if start.left_out:
         print(f"warm start: not searched here, so left out: {', '.join(start.left_out)}")
     return start.points
 
 
 def summary(paths: StudyPaths, metric: str = "test/halted_accuracy", mode: str = "max", top: int = 10) -> str:
-    """Trials by status and the top trials by ``metric`` (``mode``: which end is the top), from
-    the study's Parquet; running trials included, so that a study in progress shows its leaders.
+    """Trials by status, the top trials by ``metric`` (``mode``: which end is the top) among those
+    that ended with a result, then the others (running ones first, by ``metric``: a study in
+    progress shows its leaders without ranking them), from the study's Parquet.
 
     The study's end records are the truth: a trial they hold that the Parquet lacks or shows
     running (a driver stopped before it rewrote the Parquet) is shown ended, from its record."""
     df, stale = _with_end_records(_trials(paths), paths)
     if df is None or df.empty:
         return f"study {paths.name}: no trial has finished yet"
+    df = _started_shown_running(df)
     counts = df["status"].value_counts()
-    lines = [f"study {paths.name}: {len(df)} trials: " + ", ".join(f"{n} {s}" for s, n in counts.items())]
+    lines = [
+        f"study {paths.name}: {_count(len(df), 'trial')}: " + ", ".join(f"{n} {s}" for s, n in counts.items())
+    ]
     columns = [c for c in dict.fromkeys([*SUMMARY_COLUMNS, metric]) if c in df.columns]
-    from study.parquet import leaderboard  # what the report and evaluate call the best trial first
+    from study.parquet import leaderboard, ranked_trials  # the report's and evaluate's order
 
-    best = leaderboard(df, metric, mode).head(top)[columns]
+    ranked = ranked_trials(df, metric, mode)
+    best = ranked.head(top)[columns]
+    rest = leaderboard(df.drop(index=ranked.index), metric, mode).head(top)[columns]
     with pd.option_context(
         "display.width", 200, "display.max_columns", 20, "display.float_format", "{:.4g}".format
     ):
-        lines.append(f"top {len(best)} by {metric}:")
-        lines.append(best.to_string(index=False))
+        if best.empty:
+            lines.append(f"no trial has ended with a result for {metric} yet")
+        else:
+            lines.append(f"top {len(best)} by {metric}:")
+            lines.append(best.to_string(index=False))
+        if not rest.empty:
+            lines.append(f"{len(df) - len(ranked)} not ranked (no final result):")
+            lines.append(rest.to_string(index=False))
     lines.append(f"Parquet: {paths.trials_parquet}  (history: {paths.history_parquet})")
     if stale:
         lines.append(
-            f"{stale} ended trials are not in the Parquet yet (a driver stopped before writing it): "
+            f"{_count(stale, 'ended trial')} {'is' if stale == 1 else 'are'} not in the Parquet yet "
+            "(a driver stopped before writing it): "
             f"`{PROG} export {shlex.quote(paths.name)}"
             + (f" --storage {shlex.quote(paths.root)}`" if paths.root != DEFAULT_STORAGE else "`")
             + " writes them"
         )
     return "\n".join(lines)
+
+
+def _started_shown_running(df: pd.DataFrame) -> pd.DataFrame:
+    """A ``pending`` trial that has reported is shown ``running``: Tune saves a running trial as
+    pending, so an interrupted study's Parquet holds its running trials as pending."""
+    if "iteration" not in df.columns:
+        return df
+    started = (df["status"] == "pending") & (pd.to_numeric(df["iteration"], errors="coerce") > 0)
+    if not started.any():
+        return df
+    df = df.copy()
+    df.loc[started, "status"] = "running"
+    return df
 
 
 def _with_end_records(df: pd.DataFrame | None, paths: StudyPaths) -> tuple[pd.DataFrame | None, int]:
@@ -359,15 +394,17 @@ def _with_end_records(df: pd.DataFrame | None, paths: StudyPaths) -> tuple[pd.Da
 
 
 def _list(storage: str) -> str:
+    """The shipped specs and the studies under ``storage``, names in one column as wide as the longest."""
+    specs, studies = list_specs(), list_studies(storage)
+    width = max(len(name) for name in [*specs, *studies])
     lines = ["specs (ponder-study run SPEC):"]
-    for name in list_specs():
-        lines.append(f"  {name:24s} {load_spec(name).description}")
-    studies = list_studies(storage)
+    for name in specs:
+        lines.append(f"  {name:{width}s} {load_spec(name).description}")
     lines.append(f"studies under {storage}:" if studies else f"no studies under {storage} yet")
     for name in studies:
         df = _trials(StudyPaths(storage, name))
         counts = "" if df is None else ", ".join(f"{n} {s}" for s, n in df["status"].value_counts().items())
-        lines.append(f"  {name:24s} {counts or 'no trial finished yet'}")
+        lines.append(f"  {name:{width}s} {counts or 'no trial finished yet'}")
     return "\n".join(lines)
 
 
@@ -437,6 +474,29 @@ def _reach(storage: str, write: bool = False) -> None:
             check_writable(storage)
     except StorageError as e:
         _fail(str(e))
+
+
+def _must_exist(storage: str, given: bool) -> None:
+    """Refuse, in one line, a local storage to read studies from that is not a folder: without
+    this a typo or a file answered "no study named ..." (or, for ``list``, none yet, exit 0)."""
+    from study.storage import is_remote
+
+    if is_remote(storage):  # an object store has no folders: check_reachable checks its bucket
+        return
+    path = Path(storage.removeprefix("file://"))
+    try:
+        if path.is_dir():
+            return
+        exists = path.exists()
+    except OSError as e:
+        _fail(f"storage {storage} cannot be read ({e.strerror or e}); give the folder your studies are in")
+    state = "is a file, not a folder" if exists else "does not exist"
+    if given:
+        _fail(f"storage {storage} {state}; give the folder your studies are in")
+    _fail(
+        f"storage {storage} (the default, no --storage given) {state} here; run from the folder "
+        "your studies were started in, or give --storage"
+    )
 
 
 def _check_device(device: str) -> None:
@@ -537,7 +597,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             _fail(str(e))
         return 0
     try:
-        return _read(args, storage_arg or DEFAULT_STORAGE)
+        return _read(args, storage_arg or DEFAULT_STORAGE, given=storage_arg is not None)
     except KeyboardInterrupt:  # these commands change no study: running them again is the cure
         # (a report is written plot by plot: stopped part-way, its folder mixes old and new ones)
         left = "; the report is incomplete" if args.command == "report" else ""
@@ -545,9 +605,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_INTERRUPTED
 
 
-def _read(args: argparse.Namespace, storage: str) -> int:
-    """The commands that read a study (and ``export``, which rewrites its Parquet)."""
+def _read(args: argparse.Namespace, storage: str, given: bool = True) -> int:
+    """The commands that read a study (and ``export``, which rewrites its Parquet). ``given``:
+    the storage was named (--storage or its variable), not the default."""
     _reach(storage)
+    if given or args.command != "list":  # a fresh clone's `list`: the specs, and no studies yet
+        _must_exist(storage, given)
     # each command imports what it needs (Ray only where it runs trials); their input errors,
     # one line each, are caught below once their module is loaded
     refused: tuple[type[Exception], ...] = (SpecError, LeaseHeld)
@@ -568,7 +631,7 @@ def _read(args: argparse.Namespace, storage: str) -> int:
                 if written.missing
                 else ""
             )
-            print(f"wrote {written.drawn} plots{empty} and {written.index}")
+            print(f"wrote {_count(written.drawn, 'plot')}{empty} and {written.index}")
             if written.importance is not None:
                 print("\n".join(written.importance.lines()))
             return 0
@@ -647,6 +710,8 @@ def _drive(args: argparse.Namespace, storage_arg: str | None, argv: Sequence[str
                 _fail(f"--more must be a positive integer, got {args.more}")
             storage = storage_arg or DEFAULT_STORAGE
         _reach(storage, write=True)
+        if args.command == "resume":
+            _must_exist(storage, storage_arg is not None)
 
         from study import runner  # imports Ray: only for the commands that need it
         from study.warmstart import WarmStartError
@@ -693,7 +758,10 @@ def _drive(args: argparse.Namespace, storage_arg: str | None, argv: Sequence[str
         print(summary(paths, outcome.spec.metric, outcome.spec.mode))
         errored = outcome.statuses.get("errored", 0)
         if errored:
-            print(f"{PROG}: {errored} trials errored (see their error column); {hint()}", file=sys.stderr)
+            print(
+                f"{PROG}: {_count(errored, 'trial')} errored (see their error column); {hint()}",
+                file=sys.stderr,
+            )
             return EXIT_ERROR
         if not outcome.finished:
             print(

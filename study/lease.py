@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shlex
 import socket
 import threading
 import time
@@ -111,6 +112,23 @@ def _refusal(paths: StudyPaths, holder: dict[str, Any], age_s: float | None, hin
     return LeaseHeld(f"study {paths.name!r} is in use by {_describe(holder, age_s)}; {hint}")
 
 
+def _command(verb: str, paths: StudyPaths) -> str:
+    """``ponder-study VERB NAME`` (with ``--storage`` unless it is the default, ``results``)."""
+    line = f"ponder-study {verb} {shlex.quote(paths.name)}"
+    return line if paths.root == "results" else f"{line} --storage {shlex.quote(paths.root)}"
+
+
+def _then(paths: StudyPaths, command: str, stop: str = "stop it (Ctrl-C)") -> str:
+    """What to do about a study another driver holds. A ``run`` must not be run again: the name
+    is the other driver's study by then, so the study is followed or continued instead."""
+    if command == "run":
+        return (
+            f"follow it with `{_command('status', paths)}`, or once it has stopped continue it with "
+            f"`{_command('resume', paths)}`"
+        )
+    return f"wait for it to finish, or {stop} and run this again"
+
+
 def _parse(data: bytes | None) -> dict[str, Any]:
     try:
         holder = json.loads(data or b"{}")
@@ -135,9 +153,7 @@ def _hold_local(paths: StudyPaths, lease: Lease) -> Iterator[None]:
             fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = _parse(read_bytes(paths.lease))
-            raise _refusal(
-                paths, holder, None, "wait for it to finish, or stop it (Ctrl-C) and run this again"
-            ) from None
+            raise _refusal(paths, holder, None, _then(paths, lease.command)) from None
         write_bytes(paths.lease, lease.to_json())
         try:
             yield
@@ -207,14 +223,16 @@ class _S3Lease:
         here = holder.get("host") == self.lease.host
         stale = age > ttl or (here and not _alive_here(holder))
         if not stale:
-            hint = (
-                "wait for it to finish, or stop it (Ctrl-C) and run this again"
-                if here
-                else f"if that driver is gone, its lease expires {max(0.0, ttl - age):.0f} s from now"
-            )
+            hint = _then(self.paths, self.lease.command)
+            if not here:
+                expiry = f"if that driver is gone, its lease expires {max(0.0, ttl - age):.0f} s from now"
+                hint = f"{expiry}: then {hint}" if self.lease.command == "run" else expiry
             raise _refusal(self.paths, holder, None, hint)
         if not self._put(IfMatch=r["ETag"]):  # another driver took it over first
-            raise _refusal(self.paths, holder, None, "another driver took it over just now")
+            hint = "another driver took it over just now"
+            if self.lease.command == "run":
+                hint += f"; {_then(self.paths, 'run')}"
+            raise _refusal(self.paths, holder, None, hint)
 
     def renew(self) -> bool:
         assert self.etag is not None
@@ -263,7 +281,7 @@ def _hold_advisory(paths: StudyPaths, lease: Lease) -> Iterator[None]:
         age = time.time() - float(holder.get("acquired_at") or 0)
         here = holder.get("host") == lease.host
         if (here and _alive_here(holder)) or (not here and age < float(holder.get("ttl_s") or LEASE_TTL_S)):
-            raise _refusal(paths, holder, None, "wait for it to finish, or stop it and run this again")
+            raise _refusal(paths, holder, None, _then(paths, lease.command, stop="stop it"))
     write_bytes(paths.lease, lease.to_json())
     try:
         yield

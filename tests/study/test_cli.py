@@ -420,6 +420,82 @@ def test_the_summary_puts_the_objectives_best_end_on_top(tmp_path: Path, mode: s
     assert [r.split()[0] for r in rows] == [top, "c", "a" if top == "b" else "b"]
 
 
+def test_an_interrupted_runs_summary_ranks_only_trials_with_a_result(tmp_path: Path) -> None:
+    """Tune saves a running trial as pending: one that has reported is shown running, and only
+    trials that ended with a result are ranked; the others are listed apart."""
+    paths = StudyPaths(str(tmp_path), "s")
+    table = pa.table(
+        {
+            "trial_id": ["a", "b", "c", "d"],
+            "status": ["completed", "early_stopped", "pending", "pending"],
+            "iteration": [60, 20, 30, None],
+            "test/halted_accuracy": [0.9, 0.7, 0.95, None],
+        }
+    )
+    write_parquet(paths.trials_parquet, table)
+    lines = summary(paths).splitlines()
+    counts = dict(reversed(c.split()) for c in lines[0].split(": ", 2)[2].split(", "))
+    assert counts == {"completed": "1", "early_stopped": "1", "running": "1", "pending": "1"}, lines[0]
+    top = lines.index("top 2 by test/halted_accuracy:")
+    assert [r.split()[:2] for r in lines[top + 2 : top + 4]] == [["a", "completed"], ["b", "early_stopped"]]
+    assert lines[top + 4] == "2 not ranked (no final result):", lines
+    assert [r.split()[:2] for r in lines[top + 6 : top + 8]] == [["c", "running"], ["d", "pending"]]
+
+
+def test_list_sizes_the_name_column_to_the_longest_name(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    long = "a-study-name-well-over-twenty-four-characters"
+    for name in (long, "short"):
+        (tmp_path / "studies" / name).mkdir(parents=True)
+        (tmp_path / "studies" / name / "spec.toml").write_text(load_spec("parity-smoke").source)
+    assert cli_module.main(["list", "--storage", str(tmp_path)]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("  ")]
+    assert len(rows) == len(list_specs()) + 2
+    starts = {len(line) - len(line[2:].split(maxsplit=1)[1]) for line in rows}  # the second column
+    assert starts == {2 + len(long) + 1}, rows
+
+
+def test_a_storage_to_read_that_is_no_folder_is_one_line_exit_2(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`list` and `status` of a storage that is a file or does not exist say so, not "no study
+    named ..." or "no studies yet" (exit 0); a fresh clone's `list` (the default storage, not
+    made yet) still lists the specs."""
+    monkeypatch.delenv("PONDER_STUDY_STORAGE", raising=False)
+    monkeypatch.chdir(tmp_path)
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    for args, expected in [
+        (["list", "--storage", str(afile)], f"storage {afile} is a file, not a folder"),
+        (["status", "x", "--storage", str(afile)], f"storage {afile} is a file, not a folder"),
+        (["list", "--storage", str(tmp_path / "typo")], f"storage {tmp_path / 'typo'} does not exist"),
+        (["status", "x", "--storage", str(tmp_path / "typo")], f"storage {tmp_path / 'typo'} does not exist"),
+        (["status", "x"], "storage results (the default, no --storage given) does not exist here"),
+    ]:
+        with pytest.raises(SystemExit) as stop:
+            cli_module.main(args)
+        err = capsys.readouterr().err
+        assert stop.value.code == 2 and err.count("\n") == 1 and expected in err, (args, err)
+    assert cli_module.main(["list"]) == 0
+    assert "no studies under results yet" in capsys.readouterr().out
+
+
+def test_one_plot_is_one_plot(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import study.report
+
+    def one(name: str, storage: str, out: str | None = None) -> study.report.Report:
+        return study.report.Report(
+            str(tmp_path), "index.html", {"a": "a.png", "b": "b.png"}, {"b": "no data"}
+        )
+
+    monkeypatch.setattr(study.report, "write_report", one)
+    assert cli_module.main(["report", "x", "--storage", str(tmp_path)]) == 0
+    assert capsys.readouterr().out.startswith("wrote 1 plot (1 without data: b) and index.html")
+
+
 def test_the_command_loads_neither_torch_nor_ray_to_check_input_or_read_a_study() -> None:
     """`--help`, a bad spec and `status` answer without torch or Ray (about 1 s of imports
     each): only the commands that train, evaluate or drive Tune load them."""

@@ -74,6 +74,23 @@ def test_a_local_lease_refuses_a_second_driver_and_frees_at_a_sigkill(tmp_path: 
     assert read_bytes(paths.lease) is None  # released
 
 
+def test_a_refused_twin_run_is_told_to_follow_or_resume_the_study(tmp_path: Path) -> None:
+    """A second `run` of one name must not be told to run again (the name is the first one's
+    study by then: "already exists"): it is told the `status` and `resume` of that study. A
+    refused `resume` is still told to run itself again."""
+    paths = StudyPaths(str(tmp_path), "twin")
+    with hold_lease(paths, "run"):  # flock: a second open file of this process conflicts too
+        with pytest.raises(LeaseHeld) as run, hold_lease(paths, "run"):
+            pass
+        with pytest.raises(LeaseHeld) as resume, hold_lease(paths, "resume"):
+            pass
+    message = str(run.value)
+    assert "\n" not in message and "run this again" not in message, message
+    assert f"`ponder-study resume twin --storage {tmp_path}`" in message, message
+    assert f"`ponder-study status twin --storage {tmp_path}`" in message, message
+    assert str(resume.value).endswith("stop it (Ctrl-C) and run this again"), resume.value
+
+
 def test_a_refused_run_of_a_new_name_leaves_no_folder(tmp_path: Path) -> None:
     """A lease taken for a name that never got a study (the run stopped before writing its spec)
     leaves nothing behind."""
