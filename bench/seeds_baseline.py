@@ -1,10 +1,14 @@
 """The seeds' formulation of PonderNet parity training, kept only as a benchmark baseline.
 
-Written after the video walk-through and the annotated implementation in ``shared/seeds``:
-parity samples built one at a time by a Dataset and collated by a DataLoader, the halting
-distribution as a running product of probabilities, a Bernoulli halting draw inside the
-training unroll, a Python loop over steps in the reconstruction loss, and
-``KLDivLoss(p.log(), p_g)`` against a truncated geometric prior. Do not use it for anything else.
+Written after the reference implementations (sources in docs/RESULTS.md): labml.ai's annotated
+PonderNet (https://nn.labml.ai/adaptive_computation/ponder_net/index.html) and the parity code
+of the video walk-through that follows it (``github_adventures/pondernet`` in
+https://github.com/jankrepl/mildlyoverfitted), both after the paper (Banino, Balaguer, Blundell,
+"PonderNet: Learning to Ponder", arXiv:2107.05407). Their path: parity samples built one at a
+time by a Dataset and collated by a DataLoader, the halting distribution as a running product
+of probabilities, a Bernoulli halting draw inside the training unroll, a Python loop over steps
+in the reconstruction loss, and ``KLDivLoss(p.log(), p_g)`` against a truncated geometric
+prior. Do not use it for anything else.
 """
 
 from __future__ import annotations

@@ -17,7 +17,8 @@ with ``bench/importance_trials.py`` (synthetic studies of the smoke spec's four 
 which moves the objective): fANOVA ranks that field first in 29 of 30 studies of 6 trials (19
 of 4), PED-ANOVA in 16 of 30 of 6 trials and 24 of 30 of 24 (its top-10 % quantile holds one
 or two trials). Hence `MIN_TRIALS`. fANOVA's random forest is seeded (`SEED`), so a study's
-importance reads the same every time; it grows slow past about a thousand trials (NOTES).
+importance reads the same every time; it grows slow past about a thousand trials (why
+optuna-fast-fanova exists).
 """
 
 from __future__ import annotations
