@@ -12,15 +12,22 @@ train, the instant a trial's end record appears (it reached its budget, diverged
 stopped it), the instant Tune saves its state before a trial starts, and during the final
 export. Every other run or resume shows Tune's progress table, the others are ``--quiet``.
 
+With ``--uniform`` every kill lands at a time drawn uniformly over ``[0, --horizon]`` seconds of
+the driver's life instead of at a named moment: it looks for windows nobody named. ``--seeds
+A,B,C`` runs one campaign per seed (``--kills`` each) and prints one line over all of them.
+
 After every kill the study's Parquet must be readable. When a study finishes (its driver exits
 by itself, 0), it must hold exactly ``num_samples`` trials, all final; no (trial_id, iteration)
 twice in history; every trial that had ended in the Parquet before a kill has the same history
-rows after it; no Optuna trial RUNNING and exactly one finished Optuna trial per Tune trial.
+rows after it; no configuration twice; no Optuna trial RUNNING and exactly one finished Optuna
+trial per Tune trial.
 A study that finishes before the campaign has made its K kills is followed by another.
 
     .venv/bin/python bench/kill_campaign.py                      # 30 kills, local storage
     .venv/bin/python bench/kill_campaign.py --s3 --cluster       # moto S3, 3-node local Ray cluster
     .venv/bin/python bench/kill_campaign.py --signals --kills 20 # SIGINT, SIGTERM, SIGHUP
+    .venv/bin/python bench/kill_campaign.py --seeds 11,12,13     # 3 x 30 kills, one total
+    .venv/bin/python bench/kill_campaign.py --uniform            # kills at uniform random times
 """
 
 from __future__ import annotations
@@ -83,6 +90,9 @@ class Campaign:
     address: str | None = None
     env: dict[str, str] = field(default_factory=dict)
     log_dir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="kill-campaign-")))
+    uniform: bool = False
+    """Kill at a uniform random time over ``[0, horizon]`` s of each driver, not at named moments."""
+    horizon: float = 30.0
     signals: bool = False
     """Stop drivers with signals (SIGINT once or twice, SIGTERM, SIGHUP) instead of SIGKILL, check
     each exits 130 with the command to continue as its last line, and continue with that line."""
@@ -138,6 +148,9 @@ def _moment_reached(
     c: Campaign, paths: StudyPaths, moment: str, rng: random.Random, log: Path
 ) -> Callable[[], bool]:
     start = time.monotonic()
+    if moment == "uniform":
+        delay = rng.uniform(0.0, c.horizon)
+        return lambda: time.monotonic() - start >= delay
     if moment == "created":  # within a second of Optuna's "study created" line (or of the start)
         delay = rng.uniform(0.0, 1.0)
         seen: list[float] = []
@@ -251,6 +264,10 @@ def _final_problems(c: Campaign, paths: StudyPaths, seen: dict[str, pd.DataFrame
         problems.append(f"{len(t)} trials, not {c.num_samples}")
     if not t["status"].isin(ENDED).all():
         problems.append(f"not all final: {t['status'].value_counts().to_dict()}")
+    searched = [x for x in ("lambda_p", "beta", "max_steps", "seed") if x in t.columns]
+    twice = t.duplicated(searched)
+    if twice.any():
+        problems.append(f"{int(twice.sum())} configurations ran twice: {sorted(t['trial_id'][twice])}")
     dup = h.duplicated(["trial_id", "iteration"])
     if dup.any():
         problems.append(f"{int(dup.sum())} (trial_id, iteration) repeated in history")
@@ -300,7 +317,7 @@ def run_campaign(c: Campaign) -> tuple[int, list[Kill]]:
             killing = len(kills) < c.kills
             if c.signals and study_kills and len(kills) % 4 == 0:
                 killing = False  # let this study finish: every 4th signal meets a new study's `run`
-            moment = rng.choice(MOMENTS) if killing else "none"
+            moment = ("uniform" if c.uniform else rng.choice(MOMENTS)) if killing else "none"
             how = rng.choice(SIGNALS) if c.signals else "SIGKILL"
             if c.signals and killing and verb_args[0] == "run" and not study_kills:
                 moment = "created"  # a quarter of all signals: within 1 s of the study's creation
@@ -387,6 +404,9 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--kills", type=int, default=30)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seeds", help="comma-separated seeds: one campaign of --kills each, one total")
+    p.add_argument("--uniform", action="store_true", help="kill at uniform random times, not at moments")
+    p.add_argument("--horizon", type=float, default=30.0, help="--uniform: kill within this many seconds")
     p.add_argument("--num-samples", type=int, default=8)
     p.add_argument("--spec", default="parity-smoke")
     p.add_argument("--storage", help="a local directory (default: a new temporary one)")
@@ -398,13 +418,26 @@ def main() -> None:
         help="stop drivers with SIGINT (once or twice), SIGTERM and SIGHUP instead of SIGKILL",
     )
     args = p.parse_args()
+    seeds = [int(x) for x in args.seeds.split(",")] if args.seeds else [args.seed]
+    total, made = 0, 0
+    for seed in seeds:
+        survived, kills = _campaign(args, seed)
+        total, made = total + survived, made + len(kills)
+        if len(seeds) > 1:
+            print(f"seed {seed}: survived {survived}/{len(kills)}", flush=True)
+    print(f"{'signals' if args.signals else 'kills'} survived {total}/{made}")
+
+
+def _campaign(args: argparse.Namespace, seed: int) -> tuple[int, list[Kill]]:
     c = Campaign(
         storage=args.storage or tempfile.mkdtemp(prefix="kill-campaign-storage-"),
         kills=args.kills,
-        seed=args.seed,
+        seed=seed,
         spec=args.spec,
         num_samples=args.num_samples,
         signals=args.signals,
+        uniform=args.uniform,
+        horizon=args.horizon,
     )
     server = _moto(c) if args.s3 else None
     cluster = None
@@ -440,9 +473,9 @@ def main() -> None:
             cluster.shutdown()
         if server is not None:
             server.stop()
-    moments = {m: sum(1 for k in kills if k.moment.startswith(m)) for m in (*MOMENTS, "created")}
+    moments = {m: sum(1 for k in kills if k.moment.startswith(m)) for m in (*MOMENTS, "created", "uniform")}
     c.echo(f"moments: {json.dumps(moments)}; {time.monotonic() - t0:.0f} s")
-    print(f"{'signals' if args.signals else 'kills'} survived {survived}/{len(kills)}")
+    return survived, kills
 
 
 if __name__ == "__main__":

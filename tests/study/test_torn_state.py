@@ -1,0 +1,130 @@
+"""A resume finds Tune's saved state torn, missing or older than the study's records (a kill or a
+full disk while Tune wrote it, a partial copy, a backup put back): it finishes the study all the
+same, with ``num_samples`` trials, none twice, and Optuna level with them. One case per state
+file here, each with another damage; ``bench/torn_state.py`` runs every file with every damage."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import optuna
+import pytest
+
+from study.search import TUNE_ID_ATTR, optuna_storage
+from study.spec import load_spec
+from study.storage import StudyPaths
+from tests.study.conftest import Driver, cli, smoke_spec, trials
+
+pytestmark = pytest.mark.slow
+NAME = "parity-smoke"
+NUM_SAMPLES = load_spec(NAME).search.num_samples
+STATE_FILES = ("tuner.pkl", "experiment_state", "search_gen_state", "searcher-state")
+"""Tune's files: the Tuner, and the three of each save (trials, search generator, searcher)."""
+DAMAGES = ("half", "one byte", "empty", "removed", "older")
+ENDED = ("completed", "early_stopped", "diverged")
+
+
+def _ended(storage: Path) -> int:
+    return len(list(Path(StudyPaths(str(storage), NAME).ended_dir).glob("*.json")))
+
+
+def _state_files(experiment: Path) -> list[Path]:
+    return [p for p in experiment.iterdir() if p.is_file() and p.name.startswith(STATE_FILES)]
+
+
+def interrupt_a_study(where: Path) -> tuple[Path, Path]:
+    """A smoke study stopped by Ctrl-C after 3 of its trials ended, one trial at a time, and a
+    copy of Tune's state files as they were when the first ended: (storage, that copy)."""
+    storage, older = where / "study", where / "older"
+    spec = smoke_spec(where, times=2, at_once=1)
+    d = Driver("run", spec, "--storage", str(storage), "--quiet", log=where / "run.log")
+    try:
+        d.wait_until(lambda: _ended(storage) >= 1, poll=0.01)
+        older.mkdir()
+        for f in _state_files(storage / "tune" / NAME):
+            shutil.copy2(f, older / f.name)
+        d.wait_until(lambda: _ended(storage) >= 3, poll=0.01)
+        assert d.interrupt() == 130, d.output()[-2000:]
+    finally:
+        if d.proc.poll() is None:
+            d.kill()
+    return storage, older
+
+
+def damage(experiment: Path, older: Path, kind: str, how: str) -> Path:
+    """Damage the newest of Tune's ``kind`` files as ``how`` says; returns the file."""
+    newest = max((p for p in _state_files(experiment) if p.name.startswith(kind)), key=lambda p: p.name)
+    data = newest.read_bytes()
+    if how == "removed":
+        newest.unlink()
+    elif how == "older":
+        copies = sorted(p for p in older.iterdir() if p.name.startswith(kind))
+        newest.write_bytes(copies[-1].read_bytes())
+    else:
+        keep = {"half": len(data) // 2, "one byte": 1, "empty": 0}[how]
+        newest.write_bytes(data[:keep])
+    return newest
+
+
+def check_finished(storage: Path, ended_before: dict[str, tuple[str, int]]) -> list[str]:
+    """What is wrong with the study after the resume (empty: nothing)."""
+    problems = []
+    table = trials(storage, NAME)
+    if len(table) != NUM_SAMPLES or not table["trial_id"].is_unique:
+        problems.append(f"{len(table)} trials ({table['trial_id'].nunique()} ids), not {NUM_SAMPLES}")
+    if table.duplicated(["lambda_p", "beta", "max_steps", "seed"]).any():
+        problems.append("a configuration ran twice")
+    if not table["status"].isin(ENDED).all():
+        problems.append(f"not all final: {table['status'].tolist()}")
+    now = {r.trial_id: (r.status, r.iteration) for r in table.itertuples()}
+    for trial_id, was in ended_before.items():
+        if now.get(trial_id) != was:
+            problems.append(f"ended trial {trial_id} was {was}, now {now.get(trial_id)}")
+    paths = StudyPaths(str(storage), NAME)
+    study = optuna.load_study(study_name=NAME, storage=optuna_storage(paths))
+    states = [t.state for t in study.trials]
+    if optuna.trial.TrialState.RUNNING in states:
+        problems.append("an Optuna trial is left RUNNING")
+    held = sorted(t.user_attrs.get(TUNE_ID_ATTR, "") for t in study.trials if t.state.is_finished())
+    if held != sorted(table["trial_id"]):
+        problems.append(f"Optuna's finished trials are not the study's: {held}")
+    return problems
+
+
+def ended_trials(storage: Path) -> dict[str, tuple[str, int]]:
+    """(outcome, iteration) of every trial with an end record."""
+    out = {}
+    for path in Path(StudyPaths(str(storage), NAME).ended_dir).glob("*.json"):
+        record = json.loads(path.read_text())
+        out[record["trial_id"]] = (record["outcome"], record["iteration"])
+    return out
+
+
+@pytest.fixture(scope="module")
+def interrupted(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    return interrupt_a_study(tmp_path_factory.mktemp("torn"))
+
+
+@pytest.mark.parametrize(
+    ("kind", "how", "flags"),
+    [
+        ("tuner.pkl", "half", []),  # the progress table on, as users run it
+        ("experiment_state", "older", ["--quiet"]),
+        ("search_gen_state", "one byte", ["--quiet"]),
+        ("searcher-state", "removed", ["--quiet"]),
+    ],
+)
+def test_a_resume_finishes_whatever_tune_state_it_finds(
+    interrupted: tuple[Path, Path], tmp_path: Path, kind: str, how: str, flags: list[str]
+) -> None:
+    storage, older = interrupted
+    copy = tmp_path / "copy"
+    shutil.copytree(storage, copy, symlinks=True)
+    before = ended_trials(copy)
+    damage(copy / "tune" / NAME, older, kind, how)
+    done = cli("resume", NAME, "--storage", str(copy), *flags, timeout=240)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert "Traceback" not in done.stdout + done.stderr, done.stderr[-3000:]
+    assert check_finished(copy, before) == []
