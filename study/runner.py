@@ -56,6 +56,7 @@ from study.processes import Reaper
 from study.records import EndRecord, StudyError, load_study_spec, read_end_records
 from study.scheduler import PersistentASHA, SnapshotBeforeStart
 from study.search import (
+    STEP,
     DivergenceAwareOptunaSearch,
     SamplerRecipe,
     clear_stale_journal_lock,
@@ -564,7 +565,7 @@ class ScalarTensorBoard(TBXLoggerCallback):
     def log_trial_result(self, iteration: int, trial: Trial, result: dict[str, Any]) -> None:
         if trial not in self._trial_writer:
             self.log_trial_start(trial)
-        step = result.get(TIMESTEPS_TOTAL) or result[TRAINING_ITERATION]
+        step = result.get(STEP) or result.get(TIMESTEPS_TOTAL) or result[TRAINING_ITERATION]
         flat: dict[str, Any] = flatten_dict(
             {k: v for k, v in result.items() if k not in self._SKIPPED}, delimiter="/"
         )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -13,6 +14,7 @@ from typing import Any
 import optuna
 from optuna.storages.journal import JournalFileBackend
 from ray import tune
+from ray.air.constants import TRAINING_ITERATION
 from ray.tune.search import ConcurrencyLimiter
 from ray.tune.search.optuna import OptunaSearch
 
@@ -24,6 +26,8 @@ from study.storage import StudyPaths, read_bytes, trial_reports
 from study.trial_map import TUNE_ID_ATTR, map_trials
 
 __all__ = [
+    "OUTCOME_ATTR",
+    "STEP",
     "TUNE_ID_ATTR",
     "DivergenceAwareOptunaSearch",
     "SamplerRecipe",
@@ -203,7 +207,7 @@ class DivergenceAwareOptunaSearch(OptunaSearch):
         self._ot_trials = {tid: optuna.trial.Trial(study, internal[n]) for tid, n in plan.held.items()}
         self._completed_trials = {tid for tid in ends}
         for number, tid in plan.tell.items():
-            self._tell(number, ends[tid].last_result, ends[tid].outcome == "diverged")
+            self._tell(optuna.trial.Trial(study, internal[number]), ends[tid])
         for tid, number in plan.adopt.items():
             if number is None:  # Optuna never had this configuration: a trial with it, asked now
                 study.enqueue_trial({k: live[tid][k] for k in names if k in live[tid]})
@@ -220,14 +224,36 @@ class DivergenceAwareOptunaSearch(OptunaSearch):
         asked = self._ot_trials.get(trial_id)
         return asked is not None and not asked.storage.get_trial(asked._trial_id).state.is_finished()
 
-    def _tell(self, number: int, result: Mapping[str, Any], failed: bool) -> None:
+    def _tell(self, asked: optuna.trial.Trial, end: EndRecord) -> None:
+        """Tell Optuna a trial's end from its end record: every report, how it ended, its value."""
         assert self._ot_study is not None
+        self._report_saved(asked, end.trial_id)
+        _mark_end(asked, end.outcome, end.iteration)
         metrics = self.metric if isinstance(self.metric, list) else [self.metric]
-        values = [result.get(m) for m in metrics]
-        if failed or any(not isinstance(v, (int, float)) for v in values):
-            self._ot_study.tell(number, state=optuna.trial.TrialState.FAIL)
+        values = [end.last_result.get(m) for m in metrics]
+        if end.outcome == "diverged" or any(not isinstance(v, (int, float)) for v in values):
+            self._ot_study.tell(asked.number, state=optuna.trial.TrialState.FAIL)
         else:
-            self._ot_study.tell(number, values if len(values) > 1 else values[0])
+            self._ot_study.tell(asked.number, values if len(values) > 1 else values[0])
+
+    def _report(self, asked: optuna.trial.Trial, result: Mapping[str, Any]) -> None:
+        """One report as an intermediate value, at the model's iteration (the Parquet's step)."""
+        if isinstance(self.metric, list):  # Optuna keeps no intermediate values for several
+            return
+        value, step = result.get(self.metric), result.get(STEP, result.get(TRAINING_ITERATION))
+        if isinstance(value, (int, float)) and isinstance(step, (int, float)):
+            with warnings.catch_warnings():  # a step reported before a stop is reported again
+                warnings.filterwarnings("ignore", message=".*is already reported")
+                asked.report(float(value), int(step))
+
+    def _report_saved(self, asked: optuna.trial.Trial, trial_id: str) -> list[dict[str, Any]]:
+        """Every report the trial saved when it ended, as intermediate values: Tune does not tell
+        the searcher the report the scheduler stopped a trial on. Returns the reports."""
+        data = read_bytes(trial_reports(self._paths.reports_dir, trial_id))
+        saved = parse_result_lines(data.decode()) if data is not None else []
+        for report in saved:
+            self._report(asked, report)
+        return saved
 
     def suggest(self, trial_id: str) -> dict[str, Any] | None:
         self._ready()
@@ -252,7 +278,7 @@ class DivergenceAwareOptunaSearch(OptunaSearch):
         if not self._optuna_trial_open(trial_id):  # unknown, or its end already told: never raise
             log.warning("Optuna holds no open trial for Tune trial %s: its report is not sent", trial_id)
             return
-        super().on_trial_result(trial_id, result)
+        self._report(self._ot_trials[trial_id], result)
 
     def _told(self, trial_id: str) -> bool:
         """Whether Optuna already has this trial's end (a restored trial that had ended)."""
@@ -274,13 +300,40 @@ class DivergenceAwareOptunaSearch(OptunaSearch):
             return
         if error:  # Tune gave up on it for now; `resume` retries errored trials, so Optuna waits
             return  # (a trial still RUNNING when the study finishes is failed then)
-        data = read_bytes(trial_reports(self._paths.reports_dir, trial_id))
-        saved = parse_result_lines(data.decode()) if data is not None else []
-        if saved and not error:  # saved only once the trial ended: its last report is its end
+        asked = self._ot_trials[trial_id]
+        saved = self._report_saved(asked, trial_id)
+        if saved:  # saved only once the trial ended: its last report is its end
             result = saved[-1]
+        end = _read_end(self._paths, trial_id)
+        if end is not None:
+            _mark_end(asked, end.outcome, end.iteration)
         if result is not None and result.get("outcome") == "diverged":
             result, error = None, True
         super().on_trial_complete(trial_id, result, error)
+
+
+OUTCOME_ATTR = "outcome"
+"""The user attribute of a finished Optuna trial saying how its Tune trial ended: ``completed``,
+``early_stopped`` (ASHA stopped it: its value is the one at ``iteration``, below the budget) or
+``diverged``. Optuna's state cannot say it: an ASHA stop is COMPLETE, as Ray's OptunaSearch
+tells it, so that TPE models it with its last value."""
+
+STEP = "iteration"
+"""The step of Optuna's intermediate values and TensorBoard's points: the model's training
+iteration, as the Parquet's ``iteration`` column (not Tune's count of reports)."""
+
+
+def _mark_end(asked: optuna.trial.Trial, outcome: str, iteration: int) -> None:
+    asked.set_user_attr(OUTCOME_ATTR, outcome)
+    asked.set_user_attr(STEP, int(iteration))
+
+
+def _read_end(paths: StudyPaths, trial_id: str) -> EndRecord | None:
+    data = read_bytes(paths.end_record(trial_id))
+    try:
+        return EndRecord.from_json(data) if data is not None else None
+    except (ValueError, KeyError, TypeError):
+        return None
 
 
 def repair_journal(journal: str) -> int:

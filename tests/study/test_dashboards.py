@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import optuna
+import pandas as pd
 import pytest
 from optuna.storages import JournalStorage
 from optuna.storages.journal import JournalFileBackend
@@ -21,7 +22,7 @@ from tensorboardX.proto import event_pb2
 
 from study.records import read_end_records
 from study.runner import ScalarTensorBoard
-from study.search import TUNE_ID_ATTR
+from study.search import OUTCOME_ATTR, STEP, TUNE_ID_ATTR
 from study.spec import load_spec
 from study.storage import StudyPaths
 
@@ -109,8 +110,9 @@ def _logged(callback: TBXLoggerCallback, root: Path) -> Path:
 
 
 def test_tensorboard_gets_tunes_scalars_in_one_event_per_report(tmp_path: Path) -> None:
-    """`ScalarTensorBoard` writes every scalar Tune's own logger writes (tag, value, step), no
-    histogram, and a report's scalars as one event instead of one event each."""
+    """`ScalarTensorBoard` writes every scalar Tune's own logger writes (tag, value), at the
+    model's iteration (the Parquet's step) where Tune's counts reports, no histogram, and a
+    report's scalars as one event instead of one event each."""
     ours = _events(_logged(ScalarTensorBoard(), tmp_path / "ours"))  # type: ignore[no-untyped-call]
     tunes = _events(_logged(TBXLoggerCallback(), tmp_path / "tune"))  # type: ignore[no-untyped-call]
 
@@ -122,11 +124,12 @@ def test_tensorboard_gets_tunes_scalars_in_one_event_per_report(tmp_path: Path) 
                     found.setdefault(v.tag, []).append((e.step, v.simple_value))
         return found
 
-    assert by_tag(ours) == by_tag(tunes)
+    at_tunes_steps = {t: [(s // 10, v) for s, v in points] for t, points in by_tag(ours).items()}
+    assert at_tunes_steps == by_tag(tunes)
     assert by_tag(ours)["ray/tune/test/halted_accuracy"] == [
-        (i, pytest.approx(0.5 + 0.1 * i)) for i in (1, 2, 3)
+        (10 * i, pytest.approx(0.5 + 0.1 * i)) for i in (1, 2, 3)
     ]
-    assert [s for s, _ in by_tag(ours)["ray/tune/loss"]] == [1, 3]  # the NaN left out
+    assert [s for s, _ in by_tag(ours)["ray/tune/loss"]] == [10, 30]  # the NaN left out
     assert "ray/tune/nested/b/c" in by_tag(ours)
     assert not [v.tag for e in ours for v in e.summary.value if v.HasField("histo")]
     assert [v.tag for e in tunes for v in e.summary.value if v.HasField("histo")]  # Tune's draws one
@@ -144,6 +147,8 @@ def test_the_journal_opens_as_optuna_dashboard_opens_it(smoke: tuple[Path, Any],
     study = optuna.load_study(study_name=None, storage=JournalStorage(JournalFileBackend(str(journal))))
     assert study.study_name == "parity-smoke"
     ends = read_end_records(StudyPaths(str(storage), "parity-smoke"))
+    history = pd.read_parquet(storage / "history" / "study=parity-smoke")
+    assert set(o.outcome for o in ends.values()) >= {"early_stopped"}  # the case Tune skips
     trials = study.get_trials()
     assert {t.user_attrs[TUNE_ID_ATTR] for t in trials} == set(ends)  # one Optuna trial per Tune trial
     searched = {d.name for d in load_spec("parity-smoke").space}
@@ -153,3 +158,10 @@ def test_the_journal_opens_as_optuna_dashboard_opens_it(smoke: tuple[Path, Any],
         assert all(t.params[k] == pytest.approx(end.config[k]) for k in searched)
         assert t.state == optuna.trial.TrialState.COMPLETE
         assert t.value == pytest.approx(end.last_result["test/halted_accuracy"])
+        # how it ended, which Optuna's state cannot say (an ASHA stop is COMPLETE too)
+        assert (t.user_attrs[OUTCOME_ATTR], t.user_attrs[STEP]) == (end.outcome, end.iteration)
+        # every report, the one ASHA stopped it on included, at the Parquet's iteration
+        reports = history[history["trial_id"] == end.trial_id]
+        assert t.intermediate_values == pytest.approx(
+            dict(zip(reports["iteration"], reports["test/halted_accuracy"], strict=True))
+        )
