@@ -679,6 +679,26 @@ def _read(args: argparse.Namespace, storage: str, given: bool = True) -> int:
         _fail(str(e))
 
 
+def _nothing_to_resume(name: str, storage: str) -> bool:
+    """A finished study's summary and one line saying so, before Ray starts; False if the study
+    has work left (or is not readable here: the resume then says what is wrong)."""
+    from study.records import StudyError, finished_study, load_study_spec
+
+    try:
+        spec, paths = load_study_spec(name, storage)
+        if not finished_study(paths, spec.search.num_samples):
+            return False
+    except (StudyError, SpecError, OSError, ValueError):
+        return False
+    print(summary(paths, spec.metric, spec.mode))
+    n = spec.search.num_samples
+    print(
+        f"{PROG}: study {name!r} is finished ({_count(n, 'trial')}): nothing to resume; "
+        f"to add trials: {resume_command(name, storage)} --more N"
+    )
+    return True
+
+
 def _drive(args: argparse.Namespace, storage_arg: str | None, argv: Sequence[str] | None = None) -> int:
     """``run`` and ``resume``: however the driver stops, the study stays resumable, the exit code
     says how it stopped (0 done, 1 an error or errored trials, 2 bad input, 130 a signal), and the
@@ -712,6 +732,8 @@ def _drive(args: argparse.Namespace, storage_arg: str | None, argv: Sequence[str
         _reach(storage, write=True)
         if args.command == "resume":
             _must_exist(storage, storage_arg is not None)
+            if not args.more and _nothing_to_resume(args.name, storage):
+                return 0
 
         from study import runner  # imports Ray: only for the commands that need it
         from study.warmstart import WarmStartError

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pyarrow.fs as pafs
@@ -49,6 +50,7 @@ __all__ = [
     "OUTCOMES",
     "EndRecord",
     "StudyError",
+    "finished_study",
     "has_ended",
     "load_study_spec",
     "read_end_records",
@@ -159,3 +161,32 @@ def read_end_records(paths: StudyPaths) -> dict[str, EndRecord]:
             checkpoint=(legacy.get(trial_id) or {}).get("checkpoint"),
         )
     return records
+
+
+def finished_study(paths: StudyPaths, num_samples: int) -> bool:
+    """Whether a study has nothing left to do: ``num_samples`` end records, its Parquet holding
+    them all, and no Optuna trial RUNNING. Read without Ray, so ``resume`` can say so at once."""
+    from study.storage import join, read_study_table
+
+    ends = read_end_records(paths)
+    if len(ends) < num_samples:
+        return False
+    table = read_study_table(paths, "trials")
+    if table is None or not set(ends) <= set(table.column("trial_id").to_pylist()):
+        return False
+    if not all(s in OUTCOMES for s in table.column("status").to_pylist()):
+        return False
+    here = join(paths.root, "")  # a copied or moved study's Parquet names the old place: export
+    if "checkpoint_path" in table.column_names and not all(
+        c is None or c.startswith(here) for c in table.column("checkpoint_path").to_pylist()
+    ):
+        return False
+    journal = Path(paths.optuna_journal)
+    if not journal.exists():
+        return False
+    import optuna
+    from optuna.storages.journal import JournalFileBackend
+
+    storage = optuna.storages.JournalStorage(JournalFileBackend(str(journal)))
+    study = optuna.load_study(study_name=paths.name, storage=storage)
+    return not study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))

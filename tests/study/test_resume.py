@@ -217,3 +217,19 @@ def test_a_study_stuck_after_a_kill_finishes_at_the_next_resume(tmp_path: Path) 
     study = optuna.load_study(study_name=name, storage=optuna_storage(paths))
     assert [t.state for t in study.trials] == [optuna.trial.TrialState.COMPLETE] * 8  # trial 0 too
     assert sorted(t.user_attrs[TUNE_ID_ATTR] for t in study.trials) == sorted(table["trial_id"])
+
+
+def test_resume_of_a_finished_study_says_so_before_ray(smoke: tuple[Path, object]) -> None:
+    """Nothing to do: the summary and one line naming ``--more``, with Ray never imported (an
+    unusable RAY_ADDRESS would fail any Ray start), and nothing in the study rewritten."""
+    storage = smoke[0]
+    before = {p: p.stat().st_mtime_ns for p in storage.rglob("*") if p.is_file()}
+    done = cli("resume", NAME, "--storage", str(storage), env={"RAY_ADDRESS": "/no-ray-here"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    last = done.stdout.strip().splitlines()[-1]
+    assert last == (
+        f"ponder-study: study {NAME!r} is finished ({SMOKE.search.num_samples} trials): nothing to resume; "
+        f"to add trials: ponder-study resume {NAME} --storage {storage} --more N"
+    )
+    assert "top " in done.stdout  # the summary above it
+    assert {p: p.stat().st_mtime_ns for p in storage.rglob("*") if p.is_file()} == before
