@@ -854,6 +854,7 @@ def resume_study(
         # after `_restorable`, which may set a torn tuner.pkl aside: Tune restores only with one
         restore = _restorable(paths) and tune.Tuner.can_restore(paths.experiment)
         if restore:
+            prune_old_states(paths)
             merge_started_trials(paths)
         return _fit(spec, paths, address, verbose, restore=restore)
 
@@ -928,6 +929,35 @@ def _restorable(paths: StudyPaths) -> bool:
             "trials kept from their records"
         )
     return False
+
+
+STATES_KEPT = 2
+"""Tune's whole saved states a resume keeps: the one it restores and one older, in case the one
+it restores turns out torn later. Tune writes a new set of files per driver and never removes
+one; each holds every trial (about 70 KB a trial), so at 2,000 trials each resume cost 140 MB."""
+
+
+def prune_old_states(paths: StudyPaths, keep: int = STATES_KEPT) -> int:
+    """Remove all but the newest ``keep`` of Tune's saved states (each the three files of one
+    driver's session); run after `_restorable` has set torn ones aside. Returns how many went."""
+    fs, directory = resolve(paths.experiment)
+    infos = fs.get_file_info(pafs.FileSelector(directory, allow_not_found=True))
+    sessions = {i.base_name: _session(i.base_name) for i in infos if i.type == pafs.FileType.File}
+    states = sorted((n for n in sessions if n.startswith("experiment_state-") and sessions[n]), reverse=True)
+    kept = {sessions[n] for n in states[:keep]}
+    for name, session in sessions.items():  # a side file whose trials' file is gone goes too
+        if session is not None and session not in kept:
+            with contextlib.suppress(FileNotFoundError):
+                fs.delete_file(f"{directory}/{name}")
+    return len(states[keep:])
+
+
+def _session(name: str) -> str | None:
+    """The session of one of Tune's state files (``experiment_state-<session>.json``, ...)."""
+    for kind, ext in (("experiment_state", ".json"), *TUNE_STATE_SIDES):
+        if name.startswith(f"{kind}-") and name.endswith(ext):
+            return name[len(kind) + 1 : -len(ext)]
+    return None
 
 
 def merge_started_trials(paths: StudyPaths) -> int:

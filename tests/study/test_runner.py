@@ -324,3 +324,30 @@ def test_the_progress_table_names_the_studys_storage(experiment: str, filesystem
     from study.runner import _storage_of
 
     assert _storage_of(trial) == shown  # type: ignore[arg-type]
+
+
+def test_a_resume_keeps_tunes_two_newest_states_not_every_one(tmp_path: Path) -> None:
+    """Tune writes a set of state files per driver and never removes one (about 70 KB a trial
+    each): a resume keeps the newest two sets, a torn one set aside, and no side file without
+    its trials' file."""
+    from study.runner import prune_old_states
+
+    paths = StudyPaths(str(tmp_path), "s")
+    experiment = Path(paths.experiment)
+    experiment.mkdir(parents=True)
+    sessions = ["2026-01-01_00-00-01", "2026-01-01_00-00-02", "2026-01-01_00-00-03", "2026-01-01_00-00-04"]
+    names = ("experiment_state-{}.json", "search_gen_state-{}.json", "searcher-state-{}.pkl")
+    for session in sessions:
+        for name in names:
+            (experiment / name.format(session)).write_text("{}")
+    (experiment / "searcher-state-2026-01-01_00-00-05.pkl").write_text("{}")  # its trials' file never came
+    (experiment / "experiment_state-2026-01-01_00-00-00.json.torn").write_text("{")
+    (experiment / "tuner.pkl").write_text("x")
+    assert prune_old_states(paths) == 2
+    assert sorted(p.name for p in experiment.iterdir()) == sorted(
+        [
+            *(n.format(s) for s in sessions[2:] for n in names),
+            "experiment_state-2026-01-01_00-00-00.json.torn",
+            "tuner.pkl",
+        ]
+    )
