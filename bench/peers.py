@@ -1,0 +1,274 @@
+"""The same search three ways: ponder-study, plain Ray Tune, plain Optuna; which answers first?
+
+One search, run by each in its own process, the order alternating over ``--rounds``:
+
+- ponder-study: the real command (``ponder-study run`` of a spec written for the bench);
+- plain Tune: a `Tuner` whose trainable runs the same `ponder.trainer.Trainer` and reports at
+  the same interval, `OptunaSearch` (TPE, same seed, same space, same startup trials),
+  `ASHAScheduler` (same grace period, same reduction factor, over the model's iteration), the
+  default `RunConfig` (Tune's own loggers; a checkpoint per report, as ponder-study takes);
+- plain Optuna: ``study.optimize`` with TPE (same seed and startup), `SuccessiveHalvingPruner`
+  (``min_resource`` = the grace period, same reduction factor: the rungs ASHA uses), ``n_jobs``
+  = the trials at once, the Trainer in-process with one torch thread per trial, its reports as
+  ``trial.report``.
+
+The differences that remain, stated: Optuna prunes synchronously within its own threads (one
+process, the GIL shared) and its pruner compares against all trials at a rung, ASHA against
+those that reached it so far; Tune and ponder-study run each trial in a worker process.
+
+For each: wall time from launch to exit, CPU time of the process and its waited-for children,
+trials started and stopped early, iterations trained, the best ``test/halted_accuracy``, and the
+time from launch until a report first came within 0.005 of the best any of the three reached
+(the time to the answer). Last line: ``ratio <ponder-study's time to the answer / the fastest
+peer's>``.
+
+    .venv/bin/python bench/peers.py                               # 16 trials x 2,000 iterations
+    .venv/bin/python bench/peers.py --trials 200 --iterations 300 --eval-interval 50
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+OBJECTIVE = "test/halted_accuracy"
+TOLERANCE = 0.005
+SPACE = {"lambda_p": (0.05, 0.9, False), "beta": (1e-4, 0.1, True), "max_steps": (4, 20, None)}
+"""The shipped `parity` spec's space: (low, high, log); None marks an integer."""
+
+
+def _spec(a: argparse.Namespace) -> str:
+    space = "\n".join(
+        f"[space.{k}]\nlow = {lo}\nhigh = {hi}\n" + ("log = true\n" if log else "")
+        for k, (lo, hi, log) in SPACE.items()
+    )
+    return textwrap.dedent(f"""\
+        description = "bench/peers.py: the search the three peers run"
+        task = "parity"
+
+        [config]
+        n_elems = {a.n_elems}
+        batch_size = 128
+        n_hidden = 64
+        iterations = {a.iterations}
+        eval_interval = {a.eval_interval}
+
+        {space}
+        [search]
+        sampler = "tpe"
+        seed = {a.seed}
+        num_samples = {a.trials}
+        max_concurrent = {a.at_once}
+
+        [scheduler]
+        metric = "{OBJECTIVE}"
+        mode = "max"
+        grace_period = {a.grace}
+        reduction_factor = {a.reduction}
+        brackets = 1
+
+        [resources]
+        cpu = 1
+        gpu = 0
+        """)
+
+
+# The plain peers: scripts a user would write, run as `python -c` with the bench's settings in argv.
+_COMMON = """
+import json, sys, time
+settings = json.loads(sys.argv[1])
+SPACE = settings["space"]
+def config(params):
+    from ponder.config import ParityConfig
+    return ParityConfig(n_elems=settings["n_elems"], iterations=settings["iterations"],
+                        eval_interval=settings["eval_interval"], device="cpu", compile="off", **params)
+def startup(n):
+    return max(2, min(10, n // 4))
+"""
+
+_TUNE = (
+    _COMMON
+    + """
+import torch, ray
+from ray import tune
+from ray.tune.schedulers import ASHAScheduler
+from ray.tune.search import ConcurrencyLimiter
+from ray.tune.search.optuna import OptunaSearch
+import optuna
+
+def trainable(params):
+    torch.set_num_threads(1)
+    from ponder.trainer import Trainer
+    for m in Trainer(config(params)).run():
+        tune.report({"iteration": m["iteration"], "acc": m["test/halted_accuracy"], "t": time.time()})
+
+space = {k: (tune.randint(lo, hi + 1) if log is None else (tune.loguniform if log else tune.uniform)(lo, hi))
+         for k, (lo, hi, log) in SPACE.items()}
+sampler = optuna.samplers.TPESampler(seed=settings["seed"], n_startup_trials=startup(settings["trials"]))
+search = ConcurrencyLimiter(OptunaSearch(sampler=sampler), max_concurrent=settings["at_once"])
+asha = ASHAScheduler(time_attr="iteration", max_t=settings["iterations"], grace_period=settings["grace"],
+                     reduction_factor=settings["reduction"])
+ray.init(num_cpus=settings["at_once"], include_dashboard=False, log_to_driver=False)
+grid = tune.Tuner(
+    tune.with_resources(trainable, {"cpu": 1}), param_space=space,
+    tune_config=tune.TuneConfig(search_alg=search, scheduler=asha, metric="acc", mode="max",
+                                num_samples=settings["trials"]),
+    run_config=tune.RunConfig(storage_path=settings["storage"], name="peers", verbose=0),
+).fit()
+reports = []
+for r in grid:
+    df = r.metrics_dataframe
+    for _, row in df.iterrows():
+        reports.append({"trial": r.path, "iteration": int(row["iteration"]), "acc": float(row["acc"]),
+                        "t": float(row["t"])})
+json.dump(reports, open(settings["out"], "w"))
+"""
+)
+
+_OPTUNA = (
+    _COMMON
+    + """
+import torch, optuna
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+reports = []
+
+def objective(trial):
+    params = {k: (trial.suggest_int(k, lo, hi) if log is None else trial.suggest_float(k, lo, hi, log=log))
+              for k, (lo, hi, log) in SPACE.items()}
+    torch.set_num_threads(1)
+    from ponder.trainer import Trainer
+    value = 0.0
+    for m in Trainer(config(params)).run():
+        value = m["test/halted_accuracy"]
+        reports.append({"trial": trial.number, "iteration": m["iteration"], "acc": value, "t": time.time()})
+        trial.report(value, m["iteration"])
+        if trial.should_prune():
+            raise optuna.TrialPruned()
+    return value
+
+sampler = optuna.samplers.TPESampler(seed=settings["seed"], n_startup_trials=startup(settings["trials"]))
+pruner = optuna.pruners.SuccessiveHalvingPruner(min_resource=settings["grace"],
+                                                reduction_factor=settings["reduction"])
+study = optuna.create_study(direction="maximize", sampler=sampler, pruner=pruner)
+study.optimize(objective, n_trials=settings["trials"], n_jobs=settings["at_once"])
+json.dump(reports, open(settings["out"], "w"))
+"""
+)
+
+
+def _run(command: list[str], env: dict[str, str]) -> tuple[float, float, float, int]:
+    """(launch time, wall s, CPU s of it and its waited-for children, exit code)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.time()
+    rc = subprocess.run(
+        command, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    ).returncode
+    wall = time.time() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return t0, wall, cpu, rc
+
+
+def _ponder_study(a: argparse.Namespace, where: Path, env: dict[str, str]) -> dict[str, Any]:
+    spec = where / "peers.toml"
+    spec.write_text(_spec(a))
+    storage = where / "ponder"
+    t0, wall, cpu, rc = _run(
+        [sys.executable, "-m", "study", "run", str(spec), "--storage", str(storage), "--quiet"], env
+    )
+    import pandas as pd
+
+    history = pd.read_parquet(storage / "history" / "study=peers")
+    table = pd.read_parquet(storage / "trials" / "study=peers")
+    reports = [
+        {
+            "trial": r.trial_id,
+            "iteration": int(r.iteration),
+            "acc": float(r[OBJECTIVE]),
+            "t": pd.Timestamp(r.timestamp).timestamp(),
+        }
+        for _, r in history.iterrows()
+    ]
+    stopped = int((table["status"] == "early_stopped").sum())
+    return {"t0": t0, "wall": wall, "cpu": cpu, "rc": rc, "reports": reports, "stopped": stopped}
+
+
+def _plain(code: str, a: argparse.Namespace, where: Path, env: dict[str, str], name: str) -> dict[str, Any]:
+    out = where / f"{name}.json"
+    settings = {**vars(a), "space": SPACE, "storage": str(where / name), "out": str(out)}
+    t0, wall, cpu, rc = _run([sys.executable, "-c", code, json.dumps(settings)], env)
+    reports = json.loads(out.read_text()) if out.exists() else []
+    last: dict[Any, int] = {}
+    for r in reports:
+        last[r["trial"]] = max(last.get(r["trial"], 0), r["iteration"])
+    stopped = sum(1 for it in last.values() if it < a.iterations)
+    return {"t0": t0, "wall": wall, "cpu": cpu, "rc": rc, "reports": reports, "stopped": stopped}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--trials", type=int, default=16)
+    p.add_argument("--iterations", type=int, default=2000)
+    p.add_argument("--eval-interval", type=int, default=250)
+    p.add_argument("--grace", type=int, default=500, help="ASHA's grace period and the pruner's min_resource")
+    p.add_argument("--reduction", type=int, default=3)
+    p.add_argument("--at-once", type=int, default=2, help="trials at once (n_jobs for Optuna)")
+    p.add_argument("--n-elems", type=int, default=15)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--rounds", type=int, default=2)
+    a = p.parse_args()
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "RAY_ADDRESS": ""}
+    env.pop("RAY_ADDRESS")
+    peers = {
+        "ponder-study": lambda w: _ponder_study(a, w, env),
+        "plain Tune": lambda w: _plain(_TUNE, a, w, env, "tune"),
+        "plain Optuna": lambda w: _plain(_OPTUNA, a, w, env, "optuna"),
+    }
+    results: dict[str, list[dict[str, Any]]] = {k: [] for k in peers}
+    for rnd in range(a.rounds):
+        order = list(peers) if rnd % 2 == 0 else list(reversed(peers))
+        for name in order:
+            where = Path(tempfile.mkdtemp(prefix=f"peers-{name.replace(' ', '-')}-"))
+            r = peers[name](where)
+            results[name].append(r)
+            print(f"round {rnd + 1}: {name}: exit {r['rc']}, wall {r['wall']:.1f} s", flush=True)
+    best = max(
+        (x["acc"] for runs in results.values() for r in runs for x in r["reports"]), default=float("nan")
+    )
+    print(f"\nbest {OBJECTIVE} any peer reached: {best:.4f}; answer = within {TOLERANCE}")
+    columns = (("wall s", 9), ("CPU s", 9), ("trials", 8), ("stopped", 9))
+    columns += (("iters", 9), ("best", 8), ("answer s", 10))
+    header = f"{'peer':<14}" + "".join(f"{c:>{w}}" for c, w in columns)
+    print(header)
+    to_answer: dict[str, float] = {}
+    for name, runs in results.items():
+        answers = []
+        for r in runs:
+            last: dict[Any, int] = {}
+            for x in r["reports"]:
+                last[x["trial"]] = max(last.get(x["trial"], 0), x["iteration"])
+            hits = [x["t"] - r["t0"] for x in r["reports"] if x["acc"] >= best - TOLERANCE]
+            answer = min(hits) if hits else float("inf")
+            answers.append(answer)
+            top = max((x["acc"] for x in r["reports"]), default=float("nan"))
+            print(
+                f"{name:<14}{r['wall']:>9.1f}{r['cpu']:>9.1f}{len(last):>8}{r['stopped']:>9}"
+                f"{sum(last.values()):>9}{top:>8.3f}{answer:>10.1f}"
+            )
+        to_answer[name] = sorted(answers)[len(answers) // 2]  # the median (the upper one of two)
+    fastest_peer = min(v for k, v in to_answer.items() if k != "ponder-study")
+    print(f"ratio {to_answer['ponder-study'] / fastest_peer:.2f}")
+
+
+if __name__ == "__main__":
+    main()
