@@ -24,7 +24,7 @@
    metrics dict, perturbed), Tune's own result keys, mixed statuses and a few restarted trials;
    timed through `trials_table` + `history_table` + `write_parquet` of both. A second, MNIST-like
    study (rotated evaluation sets) is written beside it for part 3. Apart from the target: the
-   `parse_result_lines` of every trial's ``result.json`` that `study.runner.write_tables` does
+   `parse_result_lines` of every trial's ``result.json`` that `study.export.write_tables` does
    before it builds the tables.
 
 3. Cross-study query. ``pd.read_parquet("<root>/trials")`` and a typical query over both
@@ -373,7 +373,7 @@ def synthetic_study(task: str, n_trials: int, n_reports: int, base: dict[str, An
 
 
 def export(records: list[Any], root: str, name: str) -> dict[str, float]:
-    """Time the two tables and the two writes, as `study.runner.write_tables` does them."""
+    """Time the two tables and the two writes, as `study.export.write_tables` does them."""
     from study.parquet import history_table, trials_table
     from study.storage import StudyPaths, write_parquet
 
@@ -413,7 +413,7 @@ def parquet_export(args: argparse.Namespace, root: str) -> list[str]:
         print(f"  export {args.trials}x{args.reports} #{k}: {run['total']:.2f} s ({parts})")
     mnist_runs = [export(mnist, root, "mnist-synthetic") for _ in range(args.repeats)]
     total = statistics.median(run["total"] for run in runs)
-    # write_tables first reads every trial's result.json back (study.runner._history): not in the
+    # write_tables first reads every trial's result.json back (study.export._history): not in the
     # target, but paid at every refresh of a live study's Parquet
     texts = ["\n".join(json.dumps(r) for r in rec.history) + "\n" for rec in parity]
     parse_times, _ = timed(lambda: [parse_result_lines(t) for t in texts], args.repeats)

@@ -6,8 +6,13 @@ The path of a study, one module a step:
 - `study.search`: the spec as Tune's param space, Optuna (journal on disk) and ASHA;
 - `study.scheduler`: `PersistentASHA`, whose rungs survive a resume;
 - `study.trainable`: `train_trial`, one `ponder.Trainer` run reported to Tune, NaN-safe;
-- `study.runner`: `run_study`, `resume_study`, `export` and the Parquet callback; on restore
-  it replays the study's records into Tune, Optuna and ASHA before any trial starts;
+- `study.runner`: `run_study`, `resume_study`, `export`; on restore it replays the study's
+  records into Tune, Optuna and ASHA before any trial starts;
+- `study.export`: the study's Parquet from Tune's trials and its records, and the Parquet
+  callback that writes each trial's rows as it ends;
+- `study.tune_state`: Tune's saved state files, set aside when torn, pruned, merged before a restore;
+- `study.tensorboard`: TensorBoard's scalars, written from the driver without torch;
+- `study.stops`: a SIGTERM or SIGHUP while Ray starts stops the study as Ctrl-C does;
 - `study.records`: one end record per trial, the truth a resume and every reader trust;
 - `study.lease`: one driver per study (a flock locally, conditional PUTs on S3);
 - `study.warmstart`: an earlier study's best configurations as a new study's first trials;

@@ -19,13 +19,16 @@ Needs neither Ray nor torch.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pyarrow.fs as pafs
 
 from study.storage import StudyPaths, read_bytes, resolve, write_bytes
 
-__all__ = ["fold", "parts_dir", "pull", "push", "read_copy"]
+__all__ = ["fold", "parts_dir", "pull", "push", "push_journal", "read_copy"]
+
+log = logging.getLogger("ponder-study")
 
 _OFFSET_DIGITS = 16
 _pushed: dict[str, int] = {}
@@ -134,3 +137,20 @@ def pull(paths: StudyPaths) -> None:
         write_bytes(paths.optuna_journal, remote)  # atomically: locally, it is the study's journal
     if paths.optuna_journal_copy is None:
         _remove_parts(copy)
+
+
+def push_journal(paths: StudyPaths, whole: bool = False) -> None:
+    """Upload the Optuna journal's new lines to a remote study's directory (`push`), or with
+    ``whole`` the whole journal, its parts removed (a run's end: `fold`), so that a resume from
+    another machine (or a new head node) finds the search history. A failure is logged, not
+    raised: the next trial's end, or the next run's, copies it again."""
+    try:
+        if whole:
+            fold(paths)
+        else:
+            push(paths)
+    except OSError:  # the next trial's end, or the study's, copies it again
+        log.error(
+            "could not copy the Optuna journal to %s; the next trial's end, or the next run's, tries again",
+            paths.optuna_journal_copy,
+        )

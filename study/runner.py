@@ -2,7 +2,8 @@
 
 ``run`` refuses a name that exists; ``resume`` restores Tune's experiment (trials, searcher
 state), the persisted ASHA rungs and the Optuna journal, and finishes the study with exactly
-``num_samples`` trials. The Parquet tables are rewritten as every trial ends and at the end.
+``num_samples`` trials. The Parquet tables are rewritten as every trial ends and at the end
+(`study.export`).
 
 The study's own records are the truth (`study.records`: one end record per trial, the saved
 reports, the Optuna journal); Tune's saved experiment state is a cache of the trials that were
@@ -10,53 +11,41 @@ running, which lags them after a kill. On restore, before any trial starts, the 
 replayed into Tune, Optuna and ASHA (`_replaying_records`), and everything restored from Tune's
 pickle is pointed at the study where it is now. ``run``, ``resume`` and ``export`` hold the
 study's lease (`study.lease`) from before Ray starts to their end: one driver per study.
+
+What the driver does beside: the Parquet export (`study.export`), TensorBoard's scalars
+(`study.tensorboard`), signals while Ray starts (`study.stops`), and Tune's saved state files,
+tended before a restore (`study.tune_state`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
-import json
 import logging
-import math
 import os
-import pickle
-import signal
-import sys
-import threading
-import time
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import optuna
-import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import ray
 from ray import tune
-from ray.air.constants import TRAINING_ITERATION
 from ray.train._internal.session import _TrainingResult
 from ray.tune import Callback, CLIReporter
 from ray.tune.experiment import Trial
-from ray.tune.logger import TBXLoggerCallback
-from ray.tune.logger.tensorboardx import VALID_SUMMARY_TYPES
-from ray.tune.result import TIME_TOTAL_S, TIMESTEPS_TOTAL
 from ray.tune.search import ConcurrencyLimiter
-from ray.tune.utils import flatten_dict
 
 from study import journal_copy
-from study.dataset import write_study_table
+from study.export import ParquetCallback, export_experiment
 from study.launch import crash_handler_back_for_ray_processes, raise_a_swallowed_stop
 from study.lease import hold_lease
-from study.parquet import TrialRecord, history_table, pareto_marks, parse_result_lines, trials_table
 from study.processes import Reaper
-from study.records import EndRecord, StudyError, load_study_spec, read_end_records
+from study.records import StudyError, load_study_spec, read_end_records
 from study.scheduler import PersistentASHA, SnapshotBeforeStart
 from study.search import (
-    STEP,
     DivergenceAwareOptunaSearch,
     SamplerRecipe,
     clear_stale_journal_lock,
@@ -67,35 +56,35 @@ from study.search import (
     repair_journal,
 )
 from study.spec import StudySpec
+from study.stops import restore_stop_handlers, stop_handlers, stops_held_while_ray_starts
 from study.storage import (
     CHECKPOINT_FILE,
     StudyPaths,
     is_shared,
-    join,
-    read_bytes,
-    read_study_table,
-    read_table,
-    replaced_folder,
     resolve,
     share_filesystems_when_copied,
-    to_uri,
-    trial_reports,
     write_bytes,
 )
+from study.tensorboard import (
+    ScalarTensorBoard,
+    _EventFile,  # noqa: F401  (for a study started before the split: see below)
+    import_tensorboardx_without_torch,
+)
 from study.trainable import fault_iteration, train_trial
-from study.trial_map import map_trials
+from study.tune_state import merge_started_trials, prune_old_states, restorable
+
+# Tune pickles the run config into tuner.pkl, and a pickle names a class by its module: a study
+# started before the export and TensorBoard code moved out of this module names
+# `study.runner.ParquetCallback`, `study.runner.ScalarTensorBoard` and `study.runner._EventFile`
+# (the writer class ScalarTensorBoard holds). They stay importable from here, so that such a
+# study still resumes (tests/study/test_restore.py).
 
 __all__ = [
-    "LiveParquet",
-    "ParquetCallback",
-    "ScalarTensorBoard",
     "StudyError",
     "StudyOutcome",
     "export",
-    "merge_started_trials",
     "resume_study",
     "run_study",
-    "write_tables",
 ]
 
 log = logging.getLogger("ponder-study")
@@ -112,354 +101,6 @@ class StudyOutcome:
     """Every one of ``num_samples`` trials reached a final status."""
 
 
-# -- Parquet export -------------------------------------------------------------------------------
-def _last_line(text: str | None) -> str | None:
-    lines = [ln.strip() for ln in (text or "").strip().splitlines() if ln.strip()]
-    return lines[-1] if lines else None
-
-
-def has_directory(trial: Trial) -> bool:
-    """Whether Tune gave the trial a directory yet: a trial restored before it ever started has
-    none, and Tune raises RuntimeError on any path of it."""
-    return trial.storage is not None and bool(trial.storage.trial_dir_name)
-
-
-def _history(trial: Trial) -> list[dict[str, Any]]:
-    """The trial's ``result.json``. Tune writes it in the driver's staging directory and copies
-    it to the storage every few seconds: while the driver runs, the staging copy is current."""
-    if not has_directory(trial):
-        return []
-    if ray.is_initialized() and trial.local_path:
-        local = Path(trial.local_path, "result.json")
-        if local.exists():
-            return parse_result_lines(local.read_text())
-    if trial.storage is None:
-        return []
-    fs = trial.storage.storage_filesystem
-    try:
-        with fs.open_input_stream(f"{trial.path}/result.json") as f:
-            return parse_result_lines(f.readall().decode())
-    except (FileNotFoundError, OSError):
-        return []
-
-
-def _exported_history(paths: StudyPaths) -> dict[str, list[dict[str, Any]]]:
-    """Reports already in the study's history Parquet, by trial. A driver killed between two of
-    Tune's copies to storage loses the last reports from ``result.json``; the Parquet written
-    when those trials ended still has them, so every export starts from it."""
-    table = read_study_table(paths, "history")
-    if table is None:
-        return {}
-    rows: dict[str, list[dict[str, Any]]] = {}
-    for row in table.to_pylist():
-        rows.setdefault(row["trial_id"], []).append({k: v for k, v in row.items() if v is not None})
-    return rows
-
-
-def _saved_reports(paths: StudyPaths, trial_id: str) -> list[dict[str, Any]]:
-    """The reports `save_reports` kept when the trial ended (Tune's copy may have been emptied)."""
-    data = read_bytes(trial_reports(paths.reports_dir, trial_id))
-    return parse_result_lines(data.decode()) if data is not None else []
-
-
-def checkpoint_uri(paths: StudyPaths, checkpoint: str | None) -> str | None:
-    """A checkpoint path from an end record (relative to the storage root) or from Tune (a path
-    in the storage's filesystem) as a path or URI a user can open."""
-    if not checkpoint:
-        return None
-    if "://" not in checkpoint and not checkpoint.startswith("/"):
-        return join(paths.root, checkpoint)
-    return to_uri(paths.root, checkpoint)
-
-
-def _record(
-    trial: Trial, paths: StudyPaths, end: EndRecord | None, exported: list[dict[str, Any]]
-) -> TrialRecord:
-    saved = _saved_reports(paths, trial.trial_id) if end is not None else []
-    checkpoint = trial.checkpoint if has_directory(trial) else None
-    checkpoint_path = checkpoint.path if checkpoint is not None else None
-    if end is not None and end.checkpoint:
-        checkpoint_path = end.checkpoint  # Tune's may be older after a kill
-    error = None
-    if trial.status == Trial.ERROR:
-        error = _last_line(str(trial.get_error() or "")) or "error (no message recorded)"
-    return TrialRecord(
-        trial_id=trial.trial_id,
-        tune_status=trial.status,
-        config=trial.config,
-        history=exported + saved + _history(trial),  # for a repeated iteration the later report wins
-        stopped_early=end is not None and end.outcome == "early_stopped",
-        ended=end is not None,
-        error=error,
-        checkpoint_path=checkpoint_uri(paths, checkpoint_path),
-        retries=int(trial.run_metadata.num_failures),
-    )
-
-
-def _record_from_end(paths: StudyPaths, end: EndRecord, exported: list[dict[str, Any]]) -> TrialRecord:
-    """A trial that ended but that Tune's saved state does not hold (it lags the records)."""
-    return TrialRecord(
-        trial_id=end.trial_id,
-        tune_status=Trial.TERMINATED,
-        config=end.config,
-        history=exported + _saved_reports(paths, end.trial_id),
-        stopped_early=end.outcome == "early_stopped",
-        ended=True,
-        checkpoint_path=checkpoint_uri(paths, end.checkpoint),
-    )
-
-
-@dataclass
-class ExportCache:
-    """What a running study's exports need not redo: the Parquet history as it was when the
-    driver started, and the records of trials that have ended (their files no longer change)."""
-
-    exported: dict[str, list[dict[str, Any]]] | None = None
-    records: dict[str, TrialRecord] = field(default_factory=dict)
-
-
-FINAL = ("completed", "early_stopped", "diverged")
-"""The statuses of a trial whose rows no longer change: the compacted files hold only these."""
-
-
-def write_tables(
-    paths: StudyPaths, spec: StudySpec, trials: Sequence[Trial], cache: ExportCache | None = None
-) -> list[TrialRecord]:
-    """Rewrite the study's Parquet from Tune's trials and the study's records, compacted: the
-    trials that ended for good (`FINAL`) in one file per table, every other trial (running,
-    pending, errored: its rows may still change) in its own fragment; then the fragments of the
-    trials now in the compacted files go. Each file is written atomically. What ``export`` and
-    the end of a run do: its cost grows with the study, unlike `LiveParquet`'s per trial."""
-    cache = cache or ExportCache()
-    ends = read_end_records(paths)
-    if cache.exported is None:
-        cache.exported = _exported_history(paths)
-    records = []
-    for t in trials:
-        rec = cache.records.get(t.trial_id)
-        if rec is None or rec.tune_status != t.status or rec.ended != (t.trial_id in ends):
-            rec = _record(t, paths, ends.get(t.trial_id), cache.exported.get(t.trial_id, []))
-            if t.status == Trial.TERMINATED:
-                cache.records[t.trial_id] = rec
-        records.append(rec)
-    known = {t.trial_id for t in trials}
-    for trial_id in sorted(set(ends) - known):  # ended, but not (yet) in Tune's state: never lost
-        records.append(_record_from_end(paths, ends[trial_id], cache.exported.get(trial_id, [])))
-    table = trials_table(records, spec.metric, spec.mode, spec.front_objectives, spec.objectives)
-    history = history_table(records, spec.objectives)
-    final = [r.trial_id for r in records if r.ended and r.status() in FINAL]
-    rest = [r.trial_id for r in records if r.trial_id not in set(final)]
-    # history first: a driver killed between the two leaves every trial the trials files show
-    # (an ended one included) with its reports in history, never the other way round
-    for kind, t in (("history", history), ("trials", table)):
-        ids = t.column("trial_id")
-        with replaced_folder(paths.table_dir(kind)) as folder:  # the final trials' fragments go
-            compacted = join(folder, paths.compacted_name(kind))
-            done = t.filter(pc.is_in(ids, pa.array(final, pa.string())))
-            write_study_table(paths, kind, done, file=compacted)
-            for trial_id in rest:
-                part = t.filter(pc.equal(ids, trial_id))
-                write_study_table(paths, kind, part, file=join(folder, paths.fragment_name(trial_id)))
-    return records
-
-
-def _end_record(paths: StudyPaths, trial_id: str) -> EndRecord | None:
-    """One trial's end record (the whole ledger is `read_end_records`, which reads them all)."""
-    data = read_bytes(paths.end_record(trial_id))
-    try:
-        return EndRecord.from_json(data) if data is not None else None
-    except (ValueError, KeyError, TypeError):
-        return None
-
-
-class LiveParquet:
-    """The study's Parquet while it runs, at a cost per trial that does not grow with the study.
-
-    An ended trial's rows are final: they are built from its own files once, when it ends, and
-    written as its fragment of each table (`StudyPaths.fragment`), history first; nothing else is
-    rewritten, except the ``pareto`` mark of a trial the new one pushes off the front (the front
-    is kept here: a trial off it stays off when another is added). What is read once per driver:
-    the study's history and Pareto front as the Parquet holds them. The end of the run compacts
-    (`write_tables`)."""
-
-    def __init__(self, paths: StudyPaths, spec: StudySpec) -> None:
-        self.paths, self.spec = paths, spec
-        self.exported: dict[str, list[dict[str, Any]]] | None = None
-        self.front: dict[str, dict[str, Any]] = {}  # trial id -> its row, for the trials on it
-        self.rows: dict[str, pa.Table] = {}  # trial id -> the trials row written this session
-
-    def _load(self) -> None:
-        self.exported = _exported_history(self.paths)
-        table = read_study_table(self.paths, "trials")
-        if table is not None and "pareto" in table.column_names:
-            on = table.filter(pc.fill_null(table.column("pareto"), False))
-            self.front = {row["trial_id"]: row for row in on.to_pylist()}
-
-    def trial_ended(self, trial: Trial) -> None:
-        """Write the trial's fragments (an errored trial's too: a resume may end it again)."""
-        if self.exported is None:
-            self._load()
-        assert self.exported is not None
-        paths, spec = self.paths, self.spec
-        rec = _record(trial, paths, _end_record(paths, trial.trial_id), self.exported.get(trial.trial_id, []))
-        history = history_table([rec], spec.objectives)
-        row = trials_table([rec], spec.metric, spec.mode, spec.front_objectives, spec.objectives)
-        changed = self._front_with(trial.trial_id, row.drop_columns(_list_columns(row)).to_pylist()[0])
-        row = _with_pareto(row, changed.pop(trial.trial_id, False))
-        write_study_table(paths, "history", history, file=paths.fragment("history", trial.trial_id))
-        write_study_table(paths, "trials", row, file=paths.fragment("trials", trial.trial_id))
-        self.rows[trial.trial_id] = row
-        for trial_id, mark in changed.items():
-            self._mark(trial_id, mark)
-
-    def _front_with(self, trial_id: str, row: dict[str, Any]) -> dict[str, bool]:
-        """Add a trial's row to the front; the marks that change (the new trial's always)."""
-        objectives = self.spec.front_objectives
-        candidates = {**{k: v for k, v in self.front.items() if k != trial_id}, trial_id: row}
-        ids = list(candidates)
-        marks = pareto_marks([candidates[i] for i in ids], objectives) if objectives else [False] * len(ids)
-        front = {i: candidates[i] for i, on in zip(ids, marks, strict=True) if on}
-        changed = {i: False for i in self.front if i not in front}
-        changed[trial_id] = trial_id in front
-        self.front = front
-        return changed
-
-    def _mark(self, trial_id: str, on: bool) -> None:
-        """Rewrite one trial's ``pareto`` mark where its row is: its fragment, or (a trial of an
-        earlier driver, now compacted) the compacted file."""
-        paths = self.paths
-        table = self.rows.get(trial_id)
-        if table is None:
-            table = read_table(paths.fragment("trials", trial_id))
-        if table is not None:
-            table = _with_pareto(table, on)
-            write_study_table(paths, "trials", table, file=paths.fragment("trials", trial_id))
-            self.rows[trial_id] = table
-            return
-        compacted = read_table(paths.trials_parquet)
-        if compacted is None or "pareto" not in compacted.column_names:
-            return
-        ids = compacted.column("trial_id")
-        index = compacted.schema.get_field_index("pareto")
-        marks = pc.if_else(pc.equal(ids, trial_id), pa.scalar(on), compacted.column("pareto"))
-        write_study_table(paths, "trials", compacted.set_column(index, "pareto", marks))
-
-
-def _list_columns(table: pa.Table) -> list[str]:
-    return [f.name for f in table.schema if pa.types.is_list(f.type)]
-
-
-def _with_pareto(table: pa.Table, on: bool) -> pa.Table:
-    index = table.schema.get_field_index("pareto")
-    return table.set_column(index, table.schema.field(index), pa.array([on] * table.num_rows, pa.bool_()))
-
-
-EMPTIED_NOTE = "EMPTIED.txt"
-"""Left in a superseded checkpoint on an object store, where a directory is only its objects."""
-
-
-def _empty_superseded_checkpoints(trial: Trial, keep: str) -> None:
-    """Free the storage an ended trial's earlier checkpoints hold (one per report: ~200 KB each
-    for parity, GBs over a large study), keeping its last. The directories stay: a restore from
-    a lagging experiment state checks that its checkpoint exists, then the trainable finds the
-    trial in the ledger and returns without reading it. On an object store each keeps a short
-    note (`EMPTIED_NOTE`), without which the directory would vanish with its last file."""
-    if trial.storage is None or not has_directory(trial) or not trial.path:
-        return
-    fs = trial.storage.storage_filesystem
-    local = isinstance(fs, pafs.LocalFileSystem)
-
-    def norm(path: str) -> str:
-        return os.path.abspath(path) if local else path.strip("/")
-
-    for d in fs.get_file_info(pafs.FileSelector(trial.path)):
-        name = d.path.rstrip("/").rsplit("/", 1)[-1]
-        if (
-            d.type != pafs.FileType.Directory
-            or not name.startswith("checkpoint_")
-            or norm(d.path) == norm(keep)
-        ):
-            continue
-        files = [
-            f.path
-            for f in fs.get_file_info(pafs.FileSelector(d.path, recursive=True))
-            if f.type == pafs.FileType.File and not f.path.endswith(f"/{EMPTIED_NOTE}")
-        ]
-        if not files:
-            continue
-        if not local:
-            with fs.open_output_stream(f"{d.path.rstrip('/')}/{EMPTIED_NOTE}") as note:
-                note.write(b"Emptied when the trial ended: its last checkpoint holds the weights.\n")
-        for f in files:
-            fs.delete_file(f)
-
-
-class ParquetCallback(Callback):
-    """Writes each trial's Parquet rows as it ends (`LiveParquet`), frees an ended trial's superseded
-    checkpoints, and keeps a retried trial's reports. The trial's end record was written before
-    (by the scheduler, which Tune tells of an end first), so a kill at any point here loses
-    nothing that a resume or ``export`` does not rebuild."""
-
-    def __init__(self, paths: StudyPaths, spec: StudySpec) -> None:
-        self.paths = paths
-        self.spec = spec
-        self._live: LiveParquet | None = None
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_live": None}  # Tune pickles callbacks; the cache is rebuilt
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        state.pop("_cache", None)  # pickled by a driver before issue 15
-        self.__dict__.update({"_live": None, **state})
-
-    def rebind(self, paths: StudyPaths, spec: StudySpec) -> None:
-        """Write where the study is now (Tune restores callbacks with the first run's paths)."""
-        self.paths, self.spec, self._live = paths, spec, None
-
-    def _write(self, trial: Trial) -> None:
-        if self._live is None:
-            self._live = LiveParquet(self.paths, self.spec)
-        try:
-            self._live.trial_ended(trial)
-        except Exception as e:  # an export problem must not end the study; `export` can redo it
-            log.error("could not write the study's Parquet (%s); `ponder-study export` will retry", e)
-            log.debug("the Parquet write failed", exc_info=True)
-
-    def on_trial_complete(self, iteration: int, trials: list[Trial], trial: Trial, **info: Any) -> None:
-        push_journal(self.paths)
-        checkpoint = trial.checkpoint if has_directory(trial) else None
-        if checkpoint is not None:
-            _empty_superseded_checkpoints(trial, keep=checkpoint.path)
-        self._write(trial)
-
-    def on_trial_error(self, iteration: int, trials: list[Trial], trial: Trial, **info: Any) -> None:
-        self._write(trial)
-
-    def on_trial_recover(self, iteration: int, trials: list[Trial], trial: Trial, **info: Any) -> None:
-        _push_reports_before_retry(trial)
-
-
-def _push_reports_before_retry(trial: Trial) -> None:
-    """Copy a failed trial's ``result.json`` from the driver to the storage before Tune retries it.
-
-    Tune starts a retried trial by copying ``result.json`` back from the storage over the
-    driver's copy (``JsonLoggerCallback._restore_from_remote``). The storage copy lags by one
-    sync, so without this the reports made since then vanish from the trial's history, among
-    them the one whose checkpoint the retry goes on from (seen after a lost node: 100, then 300)."""
-    if not has_directory(trial) or trial.storage is None or not trial.local_path:
-        return
-    local = Path(trial.local_path, "result.json")
-    fs, remote = trial.storage.storage_filesystem, f"{trial.storage.trial_fs_path}/result.json"
-    same_file = isinstance(fs, pafs.LocalFileSystem) and local.resolve() == Path(remote).resolve()
-    if not local.exists() or same_file:
-        return
-    try:
-        pafs.copy_files(str(local), remote, destination_filesystem=fs)
-    except OSError as e:  # the retry goes on; only the lagging reports are at risk
-        log.warning("could not save trial %s's reports before its retry (%s)", trial.trial_id, e)
-
-
-# -- running ------------------------------------------------------------------------------------
 def _trainable(spec: StudySpec, paths: StudyPaths) -> Any:
     fn = tune.with_parameters(
         train_trial,
@@ -509,78 +150,6 @@ def _reporter(spec: StudySpec) -> _StudyReporter:
     )
 
 
-_SCALAR_TYPES: tuple[type[Any], ...] = tuple(VALID_SUMMARY_TYPES)
-
-
-class _EventFile:
-    """A trial's TensorBoard event file, written in the driver's thread: what Tune's logger uses
-    of tensorboardX's ``SummaryWriter`` (``file_writer.add_summary``, ``flush``, ``close``), without
-    the writer thread and ``multiprocessing.Queue`` each ``SummaryWriter`` starts (about 4 ms a
-    trial to start and close; bench/driver_scale.py)."""
-
-    def __init__(self, logdir: str, flush_secs: int = 30) -> None:
-        from tensorboardX.event_file_writer import EventsWriter  # imported without torch (ScalarTensorBoard)
-
-        self._events = EventsWriter(os.path.join(logdir, "events"))  # events.out.tfevents.<time>.<host>
-
-    @property
-    def file_writer(self) -> _EventFile:
-        return self
-
-    def add_summary(self, summary: Any, global_step: int | None = None) -> None:
-        from tensorboardX.proto import event_pb2
-
-        event = event_pb2.Event(summary=summary, wall_time=time.time())
-        if global_step is not None:
-            event.step = int(global_step)
-        self._events.write_event(event)
-
-    def flush(self) -> None:
-        self._events.flush()
-
-    def close(self) -> None:
-        self._events.close()
-
-
-class ScalarTensorBoard(TBXLoggerCallback):
-    """Tune's TensorBoard logger, scalars only, one event per report, written in the driver's thread.
-
-    A list-valued metric (per-step accuracy, the halting distribution) is left out instead of
-    drawn as a histogram: a histogram of such a list bins its values and loses the step they
-    belong to (the lists are in the history Parquet and the report). A report's ~40 scalars go
-    into one event (one TensorBoard ``Summary`` with a value per tag, the tags Tune gives them)
-    instead of one each, and the events go straight to the file (`_EventFile`): tensorboardX
-    hands every event to a writer thread through a ``multiprocessing.Queue``, which cost the
-    driver about 2 ms a report against 0.3 ms for the one event (bench/driver_scale.py,
-    docs/parquet.md). Trial start and end (the HParams summary included) are Tune's."""
-
-    _SKIPPED = frozenset({"config", "pid", "timestamp", TIME_TOTAL_S, TRAINING_ITERATION})
-    """Keys Tune's logger leaves out of TensorBoard."""
-
-    def __init__(self) -> None:
-        import_tensorboardx_without_torch()  # before Tune's __init__ imports it
-        super().__init__()  # type: ignore[no-untyped-call]
-        self._summary_writer_cls = _EventFile
-
-    def log_trial_result(self, iteration: int, trial: Trial, result: dict[str, Any]) -> None:
-        if trial not in self._trial_writer:
-            self.log_trial_start(trial)
-        step = result.get(STEP) or result.get(TIMESTEPS_TOTAL) or result[TRAINING_ITERATION]
-        flat: dict[str, Any] = flatten_dict(
-            {k: v for k, v in result.items() if k not in self._SKIPPED}, delimiter="/"
-        )
-        scalars = {  # Tune's rule: its numeric types (bool is an int), NaN left out
-            f"ray/tune/{k}": v for k, v in flat.items() if isinstance(v, _SCALAR_TYPES) and not math.isnan(v)
-        }
-        from tensorboardX.proto.summary_pb2 import Summary
-
-        summary = Summary(value=[Summary.Value(tag=tag, simple_value=float(v)) for tag, v in scalars.items()])
-        writer = self._trial_writer[trial]
-        writer.file_writer.add_summary(summary, global_step=step)
-        writer.flush()
-        self._trial_result[trial] = scalars  # what log_trial_end gives TensorBoard's HParams view
-
-
 def study_callbacks(spec: StudySpec, paths: StudyPaths) -> list[Callback]:
     """The study's own callbacks for Tune: the Parquet, and TensorBoard's scalars (in place of
     Tune's default TensorBoard logger; its JSON and CSV loggers stay)."""
@@ -598,22 +167,6 @@ def _run_config(spec: StudySpec, paths: StudyPaths, verbose: int) -> tune.RunCon
         checkpoint_config=tune.CheckpointConfig(num_to_keep=None),
         verbose=verbose,
     )
-
-
-def push_journal(paths: StudyPaths, whole: bool = False) -> None:
-    """Upload the Optuna journal's new lines to a remote study's directory (`study.journal_copy`),
-    or with ``whole`` the whole journal, its parts removed (a run's end), so that a resume from
-    another machine (or a new head node) finds the search history."""
-    try:
-        if whole:
-            journal_copy.fold(paths)
-        else:
-            journal_copy.push(paths)
-    except OSError:  # the next trial's end, or the study's, copies it again
-        log.error(
-            "could not copy the Optuna journal to %s; the next trial's end, or the next run's, tries again",
-            paths.optuna_journal_copy,
-        )
 
 
 LAUNCHER_BOOTSTRAP = Path("~/ray_bootstrap_config.yaml")
@@ -637,81 +190,6 @@ def _check_storage(paths: StudyPaths) -> None:
         )
 
 
-def _stop_handlers() -> dict[int, Any]:
-    return {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGHUP)}
-
-
-def _restore_stop_handlers(handlers: dict[int, Any]) -> None:
-    """``ray.init`` replaces SIGTERM's handler with one that exits 15 at once (no state saved):
-    put back the command's, which stops the study as Ctrl-C does."""
-    for sig, handler in handlers.items():
-        if handler is not None:
-            signal.signal(sig, handler)
-
-
-@contextlib.contextmanager
-def _stops_held_while_ray_starts() -> Iterator[None]:
-    """While ``ray.init`` runs, a SIGTERM or SIGHUP still stops the study as Ctrl-C does.
-
-    - SIGHUP: Ray's local processes (GCS, raylet) start in the driver's process group, and a
-      closed terminal's SIGHUP would kill them before the driver could save the study. They must
-      inherit an ignored SIGHUP, so the driver ignores it meanwhile, and also blocks it: Linux
-      keeps a blocked signal pending even when ignored, so one that came is delivered to the
-      driver's own handler once that is back, instead of being lost (the study ran on, the
-      terminal gone).
-    - SIGTERM: ``ray.init`` first installs a handler that exits 15 at once, nothing saved or
-      said. Its ``SystemExit(15)`` becomes a KeyboardInterrupt, as Ctrl-C. That exception can
-      also be lost inside ``ray.init``: raised where Python cannot raise it (an at-fork hook while
-      Ray forks a process, a finaliser), or caught by Ray. Seen once in CI: a SIGTERM sent as the
-      GCS started, and the study ran to its end with exit 0. So the signal itself is recorded
-      too, by Python's wakeup fd (every signal with a Python handler writes its number there,
-      whatever the handler does), and a SIGTERM found there stops the study once Ray is up."""
-    if threading.current_thread() is not threading.main_thread():
-        yield  # signals reach the main thread only, and Ray sets no handler from another thread
-        return
-    handlers = _stop_handlers()
-    signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGHUP})
-    with _signals_recorded() as came:
-        try:
-            try:
-                yield
-            finally:
-                _restore_stop_handlers(handlers)  # Ray's SIGTERM handler out, the driver's back
-                signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGHUP})  # a pending SIGHUP lands now
-        except SystemExit as e:
-            _restore_stop_handlers(handlers)  # in case Ray's handler fired before the line above
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGHUP})
-            if e.code != signal.SIGTERM:
-                raise
-            raise KeyboardInterrupt from None
-    if signal.SIGTERM in came:  # Ray's SystemExit(15) was swallowed on its way out
-        raise KeyboardInterrupt
-
-
-@contextlib.contextmanager
-def _signals_recorded() -> Iterator[set[int]]:
-    """The numbers of the signals that came in the block (those with a Python handler), filled
-    in as the block ends: a record no handler can swallow."""
-    came: set[int] = set()
-    read_end, write_end = os.pipe()  # both close-on-exec: Ray's processes do not inherit them
-    os.set_blocking(read_end, False)
-    os.set_blocking(write_end, False)
-    previous = signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
-    try:
-        yield came
-    finally:
-        signal.set_wakeup_fd(previous)
-        with contextlib.suppress(BlockingIOError):
-            while chunk := os.read(read_end, 512):
-                came.update(chunk)
-        os.close(read_end)
-        os.close(write_end)
-        if previous >= 0 and came:  # whoever had the wakeup fd before hears of them too
-            with contextlib.suppress(OSError):
-                os.write(previous, bytes(sorted(came)))
-
-
 @contextlib.contextmanager
 def _ray_lifetime() -> Iterator[None]:
     """Stop the Ray instance this command started when it ends, however it ends (a Ctrl-C in the
@@ -722,7 +200,7 @@ def _ray_lifetime() -> Iterator[None]:
         yield
     finally:
         if reaper is not None:
-            handlers = _stop_handlers()
+            handlers = stop_handlers()
             local = reaper.started()  # a local instance: GCS, raylet, its agents, workers
             with contextlib.suppress(Exception):
                 ray.shutdown()
@@ -731,7 +209,7 @@ def _ray_lifetime() -> Iterator[None]:
             reaper.close(also=local)
             # with Ray's crash handler on (a study run from Python, not the command), shutdown
             # leaves SIGTERM at "die at once" (`study.launch.RAY_CRASH_HANDLER_OFF`)
-            _restore_stop_handlers(handlers)
+            restore_stop_handlers(handlers)
 
 
 def _init_ray(address: str | None, paths: StudyPaths) -> None:
@@ -746,7 +224,7 @@ def _init_ray(address: str | None, paths: StudyPaths) -> None:
         address = "local"
     try:  # Ray's start-up notices (token auth, ...) at ERROR: a refusal stays one line on stderr
         crash_handler_back_for_ray_processes()  # Ray read it at import: its processes keep theirs
-        with _stops_held_while_ray_starts():
+        with stops_held_while_ray_starts():
             ray.init(
                 address=address,
                 include_dashboard=False,
@@ -815,7 +293,7 @@ def check_whole(paths: StudyPaths, spec: StudySpec) -> None:
     ended = read_end_records(paths)
     has_journal = Path(paths.optuna_journal).exists() or journal_copy.read_copy(journal) is not None
     # Tune's folder, whole or not: a resume killed after setting a torn tuner.pkl aside leaves
-    # one without it, which the next resume recovers from the records (`_restorable`)
+    # one without it, which the next resume recovers from the records (`study.tune_state.restorable`)
     fs, experiment = resolve(paths.experiment)
     has_tune = fs.get_file_info(experiment).type == pafs.FileType.Directory
     if (ended or has_tune) and not has_journal:
@@ -851,155 +329,12 @@ def resume_study(
                 )
             spec = spec.with_overrides(num_samples=spec.search.num_samples + more)
             write_bytes(paths.spec, spec.source.encode())  # the stored spec holds the new total
-        # after `_restorable`, which may set a torn tuner.pkl aside: Tune restores only with one
-        restore = _restorable(paths) and tune.Tuner.can_restore(paths.experiment)
+        # after `restorable`, which may set a torn tuner.pkl aside: Tune restores only with one
+        restore = restorable(paths) and tune.Tuner.can_restore(paths.experiment)
         if restore:
             prune_old_states(paths)
             merge_started_trials(paths)
         return _fit(spec, paths, address, verbose, restore=restore)
-
-
-EXPERIMENT_STATE_GLOB = "experiment_state-*.json"
-
-
-TUNE_STATE_SIDES = (("search_gen_state", ".json"), ("searcher-state", ".pkl"))
-"""The files Tune saves beside each ``experiment_state-<session>.json``."""
-
-
-def _whole(fs: pafs.FileSystem, path: str) -> bool:
-    """Whether one of Tune's state files reads whole (absent counts as whole: Tune may not write it)."""
-    if fs.get_file_info(path).type != pafs.FileType.File:
-        return True
-    with fs.open_input_stream(path) as f:
-        data = f.readall()
-    if path.rsplit("/", 1)[-1].startswith("experiment_state-"):
-        try:
-            json.loads(data)
-        except ValueError:
-            return False
-        return True
-    try:  # the search generator's and the searcher's files are pickles (whatever their suffix)
-        pickle.loads(data)
-    except Exception:  # a truncated pickle: EOFError, UnpicklingError, ...
-        return False
-    return True
-
-
-def _restorable(paths: StudyPaths) -> bool:
-    """Whether Tune has a state to restore the study from; False if the driver was stopped before
-    Tune saved one (the study then goes on in a new Tune experiment, its Optuna study and its
-    ended trials' records kept: `_fit` asks Tune only for the trials still to run).
-
-    Tune overwrites its state file in place, so a kill or a full disk can leave it torn; Tune
-    would then "restart the experiment" over the study. A torn newest file is set aside
-    (renamed ``*.torn``) for an older one."""
-    fs, directory = resolve(paths.experiment)
-    tuner_file = f"{directory}/tuner.pkl"
-    if not _whole(fs, tuner_file):  # Tune rewrites it at every start, in place (ray#58179)
-        log.warning(
-            "Tune's tuner.pkl is torn (killed while written): the study goes on in a new Tune experiment"
-        )
-        fs.move(tuner_file, tuner_file + ".torn")
-        return False
-    selector = pafs.FileSelector(directory, allow_not_found=True)
-    states = sorted(
-        (
-            i.path
-            for i in fs.get_file_info(selector)
-            if i.type == pafs.FileType.File
-            and i.path.rsplit("/", 1)[-1].startswith("experiment_state-")
-            and i.path.endswith(".json")
-        ),
-        reverse=True,
-    )
-    for state in states:
-        # one save writes three files: the trials, the search generator's count, the searcher;
-        # a kill or a full disk can tear any of them, and Tune would restore what it could
-        session = state.rsplit("/", 1)[-1].removeprefix("experiment_state-").removesuffix(".json")
-        files = [state, *(f"{directory}/{kind}-{session}{ext}" for kind, ext in TUNE_STATE_SIDES)]
-        if all(_whole(fs, f) for f in files):
-            return True
-        log.warning("Tune's state of %s is torn (killed while written): using an older one", session)
-        for f in files:
-            if fs.get_file_info(f).type == pafs.FileType.File:
-                fs.move(f, f + ".torn")
-    if states and read_end_records(paths):
-        log.warning(
-            "Tune's only saved state was torn: the study goes on in a new Tune experiment, its ended "
-            "trials kept from their records"
-        )
-    return False
-
-
-STATES_KEPT = 2
-"""Tune's whole saved states a resume keeps: the one it restores and one older, in case the one
-it restores turns out torn later. Tune writes a new set of files per driver and never removes
-one; each holds every trial (about 70 KB a trial), so at 2,000 trials each resume cost 140 MB."""
-
-
-def prune_old_states(paths: StudyPaths, keep: int = STATES_KEPT) -> int:
-    """Remove all but the newest ``keep`` of Tune's saved states (each the three files of one
-    driver's session); run after `_restorable` has set torn ones aside. Returns how many went."""
-    fs, directory = resolve(paths.experiment)
-    infos = fs.get_file_info(pafs.FileSelector(directory, allow_not_found=True))
-    sessions = {i.base_name: _session(i.base_name) for i in infos if i.type == pafs.FileType.File}
-    states = sorted((n for n in sessions if n.startswith("experiment_state-") and sessions[n]), reverse=True)
-    kept = {sessions[n] for n in states[:keep]}
-    for name, session in sessions.items():  # a side file whose trials' file is gone goes too
-        if session is not None and session not in kept:
-            with contextlib.suppress(FileNotFoundError):
-                fs.delete_file(f"{directory}/{name}")
-    return len(states[keep:])
-
-
-def _session(name: str) -> str | None:
-    """The session of one of Tune's state files (``experiment_state-<session>.json``, ...)."""
-    for kind, ext in (("experiment_state", ".json"), *TUNE_STATE_SIDES):
-        if name.startswith(f"{kind}-") and name.endswith(ext):
-            return name[len(kind) + 1 : -len(ext)]
-    return None
-
-
-def merge_started_trials(paths: StudyPaths) -> int:
-    """Add to Tune's newest saved state every trial it lacks that has a started record
-    (`study.scheduler.record_started`): Tune saves its whole state every few seconds, the
-    scheduler one small record per trial before it starts, so after a kill these hold the
-    trials that started since Tune's last save. Returns how many were added. Run after
-    `_restorable` (which sets torn states aside), before Tune restores."""
-    fs, directory = resolve(paths.experiment)
-    selector = pafs.FileSelector(directory, allow_not_found=True)
-    states = sorted(
-        (
-            i.path
-            for i in fs.get_file_info(selector)
-            if i.type == pafs.FileType.File
-            and i.base_name.startswith("experiment_state-")
-            and i.base_name.endswith(".json")
-        ),
-        reverse=True,
-    )
-    records_fs, started = resolve(paths.started_dir)
-    infos = records_fs.get_file_info(pafs.FileSelector(started, allow_not_found=True))
-    names = [i.path for i in infos if i.type == pafs.FileType.File and i.base_name.endswith(".json")]
-    if not states or not names:
-        return 0
-    with fs.open_input_stream(states[0]) as f:
-        state = json.loads(f.readall())
-    known = {json.loads(trial_json).get("trial_id") for trial_json, _ in state["trial_data"]}
-    added = 0
-    for name in sorted(names):
-        with records_fs.open_input_stream(name) as f:
-            try:
-                record = json.loads(f.readall())
-            except ValueError:  # written whole or not at all (create-if-absent); skip a stranger
-                continue
-        if record.get("trial_id") not in known:
-            state["trial_data"].append(record["trial_data"])
-            added += 1
-    if added:
-        write_bytes(join(paths.experiment, states[0].rsplit("/", 1)[-1]), json.dumps(state).encode())
-        log.info("%d trials started after Tune's last save: added from their started records", added)
-    return added
 
 
 def _optuna_searcher(search_alg: Any) -> DivergenceAwareOptunaSearch | None:
@@ -1187,22 +522,6 @@ def _replaying_records(spec: StudySpec, paths: StudyPaths) -> Iterator[None]:
         TuneController._requeue_restored_trials = original  # type: ignore[method-assign]
 
 
-def import_tensorboardx_without_torch() -> None:
-    """Import tensorboardX, which Tune's TensorBoard logger uses to write every trial's event
-    files, with torch hidden: tensorboardX imports torch only to accept torch tensors, which
-    the driver never logs, and treats its absence as normal. The driver is spared loading torch
-    (about 1.5 s of CPU and 300 MB per `run` or `resume`); torch stays importable afterwards."""
-    if "tensorboardX" in sys.modules or "torch" in sys.modules:
-        return
-    sys.modules["torch"] = None  # type: ignore[assignment]  # `import torch` raises ImportError
-    try:
-        import tensorboardX  # noqa: F401
-    except ImportError:  # not installed: Tune then writes no event files, as before
-        pass
-    finally:
-        del sys.modules["torch"]
-
-
 def _fit(
     spec: StudySpec,
     paths: StudyPaths,
@@ -1260,8 +579,8 @@ def _fit(
         raise
     finally:  # and once more from the records and Tune's saved state, however fit ended
         try:
-            records = _export_experiment(spec, paths)
-            push_journal(paths, whole=True)
+            records = export_experiment(spec, paths)
+            journal_copy.push_journal(paths, whole=True)
         except Exception as e:
             if not failed:
                 raise
@@ -1271,46 +590,8 @@ def _fit(
         statuses.get("running") or statuses.get("pending") or statuses.get("errored")
     )
     if finished and fail_orphaned_optuna_trials(spec, paths):
-        push_journal(paths, whole=True)
+        journal_copy.push_journal(paths, whole=True)
     return StudyOutcome(spec, paths, statuses, finished)
-
-
-class _TuneTrials(tune.ExperimentAnalysis):
-    """Tune's experiment on disk, its trials only: `ExperimentAnalysis` also reads every trial's
-    ``result.json`` into a DataFrame, which the export never uses (it reads the reports itself):
-    4.5 of the 16 s an export of a 2,000-trial study took."""
-
-    def _fetch_trial_dataframes(self) -> dict[str, Any]:
-        return {}
-
-
-def _export_experiment(spec: StudySpec, paths: StudyPaths) -> list[TrialRecord]:
-    trials: list[Trial] = []
-    if _restorable(paths):
-        # it warns of every trial without a result.json (one restored before it ever reported,
-        # or one Tune gave a new directory): their reports are in the study's records
-        quiet = logging.getLogger("ray.tune.analysis.experiment_analysis")
-        level = quiet.level
-        quiet.setLevel(logging.ERROR)
-        try:
-            trials = _TuneTrials(paths.experiment).trials
-        finally:
-            quiet.setLevel(level)
-    return write_tables(paths, spec, without_duplicates(trials, spec, paths))
-
-
-def without_duplicates(trials: list[Trial], spec: StudySpec, paths: StudyPaths) -> list[Trial]:
-    """Tune's saved trials less those a resume drops (`study.trial_map`): a trial left in Tune's
-    state by an earlier recovery whose configuration another trial holds. Read-only."""
-    if not trials or not Path(paths.optuna_journal).exists():
-        return trials
-    ends = read_end_records(paths)
-    live = {t.trial_id: t.config for t in trials if t.trial_id not in ends}
-    if not live:
-        return trials
-    study = optuna.load_study(study_name=paths.name, storage=optuna_storage(paths))
-    plan = map_trials(study.get_trials(deepcopy=False), live, ends, [d.name for d in spec.space])
-    return [t for t in trials if t.trial_id not in plan.drop]
 
 
 def export(name: str, storage: str) -> StudyPaths:
@@ -1319,7 +600,7 @@ def export(name: str, storage: str) -> StudyPaths:
         spec, paths = load_study_spec(name, storage)
         if not tune.Tuner.can_restore(paths.experiment) and not read_end_records(paths):
             raise StudyError(f"study {name!r} has no Tune experiment state yet under {paths.experiment}")
-        _export_experiment(spec, paths)
+        export_experiment(spec, paths)
     return paths
 
 

@@ -19,7 +19,7 @@ start:
   reports are saved;
 - before any trial Tune has not saved can start, its state as Tune would save it is written to
   the study (``studies/<name>/started/<trial_id>.json``, one small file per trial): a resume adds
-  the trials Tune's saved state lacks from these (`study.runner.merge_started_trials`). Tune's
+  the trials Tune's saved state lacks from these (`study.tune_state.merge_started_trials`). Tune's
   own whole save (every trial, the searcher) is forced once per driver, before its first trial
   starts, not before each: its cost grows with the study (bench/driver_scale.py).
 """

@@ -21,7 +21,7 @@ import optuna
 import pandas as pd
 import pytest
 
-from study.runner import EMPTIED_NOTE
+from study.export import EMPTIED_NOTE
 from study.spec import load_spec
 from study.storage import StudyPaths, read_study_table
 from tests.study.conftest import S3, Driver, cli

@@ -8,7 +8,7 @@ from pathlib import Path
 
 SNIPPET = """
 import sys
-from study.runner import import_tensorboardx_without_torch
+from study.tensorboard import import_tensorboardx_without_torch
 import_tensorboardx_without_torch()
 assert "tensorboardX" in sys.modules and "torch" not in sys.modules, sorted(sys.modules)
 from ray.tune.logger import TBXLoggerCallback  # what Tune's default loggers use

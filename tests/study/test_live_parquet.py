@@ -11,11 +11,12 @@ import pandas as pd
 import pytest
 from ray.tune.experiment import Trial
 
+from study.export import LiveParquet, write_tables
 from study.records import EndRecord, write_end_record
-from study.runner import LiveParquet, merge_started_trials, write_tables
 from study.scheduler import record_started
 from study.spec import load_spec
 from study.storage import FRAGMENT_PREFIX, StudyPaths, trial_reports, write_bytes
+from study.tune_state import merge_started_trials
 
 SPEC = load_spec("parity-pareto")  # its front: halted accuracy against mean halting step
 

@@ -254,7 +254,7 @@ def test_a_torn_tune_state_file_is_set_aside_whole(
 ) -> None:
     """One Tune save writes three files (found by the kill campaign: an empty search_gen_state
     made the resume restore a searcher without its space). Any torn one sets its session aside."""
-    from study.runner import _restorable
+    from study.tune_state import restorable
 
     storage, _ = smoke
     copy = tmp_path / "copy"
@@ -265,7 +265,7 @@ def test_a_torn_tune_state_file_is_set_aside_whole(
         assert victims
         for victim in victims:
             victim.write_bytes(victim.read_bytes()[: len(victim.read_bytes()) // 2])
-    assert _restorable(StudyPaths(str(copy), "parity-smoke")) is (torn is None)
+    assert restorable(StudyPaths(str(copy), "parity-smoke")) is (torn is None)
     assert bool(list(experiment.glob("*.torn"))) is (torn is not None)
     assert (experiment / "tuner.pkl").exists() is (torn != "tuner.pkl")
 

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import pickle
+import tarfile
 from pathlib import Path
 
 from ray.train._internal.storage import StorageContext
 from ray.tune.experiment import Trial
 from ray.tune.registry import register_trainable
 
+from study.export import ParquetCallback
 from study.runner import attach_reported_checkpoint
 from study.storage import CHECKPOINT_FILE
+from study.tensorboard import ScalarTensorBoard, _EventFile
 
 
 def _restored_trial(root: Path, last_report: dict[str, object]) -> Trial:
@@ -43,3 +47,24 @@ def test_a_report_without_checkpoint_attaches_nothing(tmp_path: Path) -> None:
     trial = _restored_trial(tmp_path, {"training_iteration": 1})
     assert not attach_reported_checkpoint(trial)
     assert trial.checkpoint is None
+
+
+STUCK = Path(__file__).parent / "data" / "stuck-after-sigkill.tar.gz"
+"""A study saved before its export and TensorBoard code moved out of `study.runner`."""
+
+
+def test_a_study_pickled_before_the_runner_split_still_loads() -> None:
+    """Tune restores a study from its tuner.pkl, which names the callbacks' classes by the module
+    they were in when it was pickled (``study.runner`` for this one): they load, as the classes
+    the study uses now."""
+    with tarfile.open(STUCK) as tar:
+        (member,) = (m for m in tar.getmembers() if m.name.endswith("/tuner.pkl"))
+        file = tar.extractfile(member)
+        assert file is not None
+        data = file.read()
+    assert b"study.runner" in data
+    tuner = pickle.loads(data)
+    callbacks = tuner["_run_config"].callbacks
+    assert {type(c) for c in callbacks} == {ParquetCallback, ScalarTensorBoard}
+    (board,) = (c for c in callbacks if isinstance(c, ScalarTensorBoard))
+    assert board._summary_writer_cls is _EventFile

@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
-import os
 import shutil
-import signal
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -220,7 +216,7 @@ def test_an_ended_trial_keeps_only_its_last_checkpoint(smoke: tuple[Path, Any]) 
 
 def test_every_trial_has_tensorboard_events_though_the_driver_skips_torch(smoke: tuple[Path, Any]) -> None:
     """Tune's TensorBoard logger still writes each trial's event file from a `run` driver that
-    imported tensorboardX with torch hidden (`study.runner.import_tensorboardx_without_torch`)."""
+    imported tensorboardX with torch hidden (`study.tensorboard.import_tensorboardx_without_torch`)."""
     storage, _ = smoke
     for trial_id in trials(storage, "parity-smoke")["trial_id"]:
         events = list((storage / "tune" / "parity-smoke").glob(f"*_{trial_id}_*/events.out.tfevents.*"))
@@ -247,65 +243,6 @@ def test_optuna_trials_orphaned_by_a_kill_are_marked_failed(tmp_path: Path) -> N
     }
 
 
-def _links() -> set[str]:
-    """What this process's file descriptors point at (``pipe:[inode]`` for a pipe)."""
-    links = set()
-    for fd in os.listdir("/proc/self/fd"):
-        with contextlib.suppress(OSError):  # one closed meanwhile (another thread's)
-            links.add(os.readlink(f"/proc/self/fd/{fd}"))
-    return links
-
-
-@pytest.mark.parametrize("swallowed", [False, True], ids=["raised", "swallowed"])
-def test_a_sigterm_while_ray_starts_stops_the_study_even_if_ray_swallows_it(
-    swallowed: bool, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """``ray.init`` installs a SIGTERM handler that raises ``SystemExit(15)`` wherever the driver
-    is. Raised, it becomes Ctrl-C; swallowed (an at-fork hook, a finaliser, Ray's own code: seen
-    once in CI, the study ran to its end with exit 0), the signal's record still stops the study.
-    A real signal and the handler Ray installs, without Ray's start-up around them."""
-    from study.runner import _stops_held_while_ray_starts
-
-    def drivers_handler(signum: int, frame: object) -> None:
-        raise AssertionError("the driver's handler is out while Ray starts")
-
-    pipes: list[str] = []  # the wakeup fd's pipe, by inode: fd numbers are reused
-    real_pipe = os.pipe
-
-    def pipe() -> tuple[int, int]:
-        read_end, write_end = real_pipe()
-        pipes.append(os.readlink(f"/proc/self/fd/{read_end}"))
-        return read_end, write_end
-
-    monkeypatch.setattr(os, "pipe", pipe)
-    previous = signal.signal(signal.SIGTERM, drivers_handler)
-    hup = signal.getsignal(signal.SIGHUP)
-    try:
-        with pytest.raises(KeyboardInterrupt), _stops_held_while_ray_starts():
-            signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(signum))  # as ray.init does
-            try:
-                signal.raise_signal(signal.SIGTERM)
-            except SystemExit:
-                if not swallowed:
-                    raise
-        assert signal.getsignal(signal.SIGTERM) is drivers_handler  # the driver's back
-        assert signal.getsignal(signal.SIGHUP) == hup  # no longer ignored
-        assert signal.set_wakeup_fd(-1) == -1  # no wakeup fd left behind
-        assert pipes and not _links() & set(pipes)  # nor its pipe
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
-def test_ray_starting_with_no_signal_raises_nothing_and_leaves_the_handlers() -> None:
-    from study.runner import _stops_held_while_ray_starts
-
-    before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGHUP)
-    with _stops_held_while_ray_starts():
-        assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN  # Ray's processes inherit it
-    assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGHUP)) == before
-    assert signal.set_wakeup_fd(-1) == -1
-
-
 @pytest.mark.parametrize(
     ("experiment", "filesystem", "shown"),
     [
@@ -330,7 +267,7 @@ def test_a_resume_keeps_tunes_two_newest_states_not_every_one(tmp_path: Path) ->
     """Tune writes a set of state files per driver and never removes one (about 70 KB a trial
     each): a resume keeps the newest two sets, a torn one set aside, and no side file without
     its trials' file."""
-    from study.runner import prune_old_states
+    from study.tune_state import prune_old_states
 
     paths = StudyPaths(str(tmp_path), "s")
     experiment = Path(paths.experiment)
