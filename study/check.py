@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import math
 import os
+import shlex
 import shutil
 import subprocess
 import time
 from dataclasses import dataclass
 from typing import Any
 
+from study.launch import command_name
 from study.spec import Dimension, StudySpec, load_spec
 from study.storage import StudyPaths
 
@@ -85,7 +87,7 @@ def check_spec(spec_arg: str, storage: str | None = None, *, estimate: bool = Tr
     if _exists(paths):
         lines.append(
             f"  a study named {spec.name!r} already exists there: `run` would refuse it; "
-            f"`ponder-study resume {spec.name}` continues it (or run with --name NEW)"
+            f"`{command_name()} resume {shlex.quote(spec.name)}` continues it (or run with --name NEW)"
         )
     else:
         lines.append(f"  no study named {spec.name!r} there yet: `run` starts it")

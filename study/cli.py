@@ -20,7 +20,7 @@ from typing import Any, NoReturn
 
 import pandas as pd
 
-from study.launch import raise_a_swallowed_stop, run_again
+from study.launch import command_name, raise_a_swallowed_stop, run_again
 from study.lease import LeaseHeld
 from study.spec import SpecError, StudySpec, check_name, list_specs, load_spec
 from study.storage import StudyPaths, list_studies, nearest_existing, read_study_table
@@ -281,8 +281,8 @@ def _count(n: int, noun: str) -> str:
 
 
 def resume_command(name: str, storage: str) -> str:
-    """The exact command that continues a study, quoted for a POSIX shell."""
-    command = f"{PROG} resume {shlex.quote(name)}"
+    """The exact command that continues a study, quoted for a POSIX shell (`command_name`)."""
+    command = f"{command_name()} resume {shlex.quote(name)}"
     if storage != DEFAULT_STORAGE:
         command += f" --storage {shlex.quote(storage)}"
     return command
@@ -296,7 +296,8 @@ def _warm_start(name: str, storage: str, spec: StudySpec, top: int) -> list[dict
     table = read_study_table(paths, "trials")
     if table is None:
         raise SpecError(
-            f"--warm-start {name}: it has no Parquet yet under {storage}; run `{PROG} export {name}`"
+            f"--warm-start {name}: it has no Parquet yet under {storage}; "
+            f"run `{command_name()} export {name}`"
         )
     start = warm_start_points(spec, earlier, table.to_pandas(), top, name)
     if (note := start.note(name)) is not None:
@@ -345,7 +346,7 @@ def summary(paths: StudyPaths, metric: str = "test/halted_accuracy", mode: str =
         lines.append(
             f"{_count(stale, 'ended trial')} {'is' if stale == 1 else 'are'} not in the Parquet yet "
             "(a driver stopped before writing it): "
-            f"`{PROG} export {shlex.quote(paths.name)}"
+            f"`{command_name()} export {shlex.quote(paths.name)}"
             + (f" --storage {shlex.quote(paths.root)}`" if paths.root != DEFAULT_STORAGE else "`")
             + " writes them"
         )

@@ -40,6 +40,7 @@ from email.utils import parsedate_to_datetime
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from study.launch import command_name
 from study.storage import StudyPaths, is_remote, read_bytes, resolve, write_bytes
 
 __all__ = ["LEASE_TTL_S", "Lease", "LeaseHeld", "hold_lease"]
@@ -113,8 +114,9 @@ def _refusal(paths: StudyPaths, holder: dict[str, Any], age_s: float | None, hin
 
 
 def _command(verb: str, paths: StudyPaths) -> str:
-    """``ponder-study VERB NAME`` (with ``--storage`` unless it is the default, ``results``)."""
-    line = f"ponder-study {verb} {shlex.quote(paths.name)}"
+    """``ponder-study VERB NAME`` (with ``--storage`` unless it is the default, ``results``;
+    the command as the user's shell reaches it, `command_name`)."""
+    line = f"{command_name()} {verb} {shlex.quote(paths.name)}"
     return line if paths.root == "results" else f"{line} --storage {shlex.quote(paths.root)}"
 
 

@@ -69,5 +69,7 @@ LONGEST_MODULES = (
     "test_cluster.py",
     "test_stops.py",
     "test_location.py",
+    "test_readme.py",
+    "test_torn_state.py",
 )
 """Test modules by their wall time in the suite (`--durations`), longest first."""
