@@ -12,13 +12,13 @@ The path of a study, one module a step:
   callback that writes each trial's rows as it ends;
 - `study.tune_state`: Tune's saved state files, set aside when torn, pruned, merged before a restore;
 - `study.tensorboard`: TensorBoard's scalars, written from the driver without torch;
-- `study.stops`: a SIGTERM or SIGHUP while Ray starts stops the study as Ctrl-C does;
+- `study.stops`: every stop of the driver (Ctrl-C, SIGTERM, SIGHUP), from its first line;
 - `study.records`: one end record per trial, the truth a resume and every reader trust;
 - `study.lease`: one driver per study (a flock locally, conditional PUTs on S3);
 - `study.warmstart`: an earlier study's best configurations as a new study's first trials;
-- `study.parquet`: the Parquet contract (schema version 2);
+- `study.parquet`: the Parquet contract (its schema version is `study.parquet.SCHEMA_VERSION`);
 - `study.storage`: where a study's files live, local or on a pyarrow filesystem;
-- `study.launch`, `study.cli`: ``ponder-study`` (signals handled from its first line).
+- `study.launch`, `study.cli`, `study.commands`: ``ponder-study`` and the commands it prints.
 
 Nothing is imported here, so ``ponder-study --help`` does not wait for Ray.
 """

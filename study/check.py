@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from study.launch import command_name
+from study.commands import command_name
 from study.spec import Dimension, StudySpec, load_spec
 from study.storage import StudyPaths
 

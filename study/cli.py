@@ -20,9 +20,10 @@ from typing import Any, NoReturn
 
 import pandas as pd
 
-from study.launch import command_name, raise_a_swallowed_stop, run_again
+from study.commands import command_name, run_again
 from study.lease import LeaseHeld
 from study.spec import SpecError, StudySpec, check_name, list_specs, load_spec
+from study.stops import raise_a_swallowed_stop
 from study.storage import StudyPaths, list_studies, nearest_existing, read_study_table
 
 __all__ = ["build_parser", "main"]

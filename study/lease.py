@@ -40,7 +40,7 @@ from email.utils import parsedate_to_datetime
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from study.launch import command_name
+from study.commands import command_name
 from study.storage import StudyPaths, is_remote, read_bytes, resolve, write_bytes
 
 __all__ = ["LEASE_TTL_S", "Lease", "LeaseHeld", "hold_lease"]

@@ -40,7 +40,6 @@ from ray.tune.search import ConcurrencyLimiter
 
 from study import journal_copy
 from study.export import ParquetCallback, export_experiment
-from study.launch import crash_handler_back_for_ray_processes, raise_a_swallowed_stop
 from study.lease import hold_lease
 from study.processes import Reaper
 from study.records import StudyError, load_study_spec, read_end_records
@@ -56,7 +55,13 @@ from study.search import (
     repair_journal,
 )
 from study.spec import StudySpec
-from study.stops import restore_stop_handlers, stop_handlers, stops_held_while_ray_starts
+from study.stops import (
+    crash_handler_back_for_ray_processes,
+    raise_a_swallowed_stop,
+    restore_stop_handlers,
+    stop_handlers,
+    stops_held_while_ray_starts,
+)
 from study.storage import (
     CHECKPOINT_FILE,
     StudyPaths,
@@ -208,7 +213,7 @@ def _ray_lifetime() -> Iterator[None]:
             # the list above and orphaned by the shutdown: listed again, as the driver's orphans
             reaper.close(also=local)
             # with Ray's crash handler on (a study run from Python, not the command), shutdown
-            # leaves SIGTERM at "die at once" (`study.launch.RAY_CRASH_HANDLER_OFF`)
+            # leaves SIGTERM at "die at once" (`study.stops.RAY_CRASH_HANDLER_OFF`)
             restore_stop_handlers(handlers)
 
 

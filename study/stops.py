@@ -1,4 +1,8 @@
-"""The driver's signal handling while Ray starts.
+"""Every stop of the ``ponder-study`` driver: Ctrl-C, SIGTERM, SIGHUP, from its first line.
+
+A stop raises KeyboardInterrupt wherever the driver is and is remembered, so a stop swallowed by
+code that catches everything is raised again at the driver's next phase
+(`raise_a_swallowed_stop`).
 
 ``ray.init`` replaces SIGTERM's handler with one that exits 15 at once (nothing saved), and the
 local Ray processes it starts share the driver's process group, so a closed terminal's SIGHUP
@@ -12,11 +16,90 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import sys
 import threading
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["restore_stop_handlers", "stop_handlers", "stops_held_while_ray_starts"]
+__all__ = [
+    "RAY_CRASH_HANDLER_OFF",
+    "crash_handler_back_for_ray_processes",
+    "crash_handler_off_for_the_driver",
+    "install_stop_handlers",
+    "raise_a_swallowed_stop",
+    "restore_stop_handlers",
+    "stop_handlers",
+    "stops_held_while_ray_starts",
+]
+
+RAY_CRASH_HANDLER_OFF = "RAY_DISABLE_FAILURE_SIGNAL_HANDLER"
+"""Ray's C++ crash handler (absl's) also takes SIGTERM, and ``ray.shutdown()`` removes it by
+setting SIGTERM back to "die at once", under the driver's own handler: a `kill` in the driver's
+last second (~1 s while Ray's processes stop) ended it with exit 143, its summary unprinted. Set
+here for the driver only (read when Ray is imported); `study.runner` takes it back out before
+Ray starts its processes, so trials keep the crash handler."""
+
+_set_here = False
+
+
+def crash_handler_off_for_the_driver() -> None:
+    """Set `RAY_CRASH_HANDLER_OFF` for this process, unless the user set it."""
+    global _set_here
+    if RAY_CRASH_HANDLER_OFF not in os.environ:  # a user's own setting stands
+        os.environ[RAY_CRASH_HANDLER_OFF] = "1"
+        _set_here = True
+
+
+def crash_handler_back_for_ray_processes() -> None:
+    """Called once Ray is imported, before it starts processes: they inherit the environment."""
+    global _set_here
+    if _set_here:
+        os.environ.pop(RAY_CRASH_HANDLER_OFF, None)
+        _set_here = False
+
+
+_stop_asked = False
+
+
+def _as_ctrl_c(signum: int, frame: object) -> None:
+    global _stop_asked
+    _stop_asked = True
+    raise KeyboardInterrupt
+
+
+def _quiet_when_a_stop_was_swallowed(unraisable: sys.UnraisableHookArgs) -> None:
+    """Python prints an exception it cannot raise ("Exception ignored in ...", a traceback):
+    a stop that lands in an at-fork hook (logging's, while Ray forks its processes) or in a
+    finaliser is one. That stop is not lost, `raise_a_swallowed_stop` raises it again at the
+    driver's next phase, so its traceback would only be noise on a clean exit 130 (seen in a
+    suite run: a Ctrl-C 3 s into `run`). The same goes for the ``SystemExit(15)`` of the SIGTERM
+    handler that ``ray.init`` installs while it runs: it is remembered as a stop here. Any other
+    exception is printed as Python would."""
+    global _stop_asked
+    if isinstance(unraisable.exc_value, SystemExit) and unraisable.exc_value.code == signal.SIGTERM:
+        _stop_asked = True
+        return
+    if _stop_asked and issubclass(unraisable.exc_type, KeyboardInterrupt):
+        return
+    sys.__unraisablehook__(unraisable)
+
+
+def install_stop_handlers() -> None:
+    """Ctrl-C, SIGTERM and SIGHUP raise KeyboardInterrupt and are remembered (see `main`)."""
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _as_ctrl_c)
+    sys.unraisablehook = _quiet_when_a_stop_was_swallowed
+
+
+def raise_a_swallowed_stop() -> None:
+    """Raise again a stop (Ctrl-C, SIGTERM, SIGHUP) that came but did not end the command.
+
+    A stop raises KeyboardInterrupt wherever the driver is; code that catches every exception
+    around its own imports or start-up would swallow it (seen once in three suite runs under load:
+    a Ctrl-C 3 s into `run` was lost and the study ran to its end). The driver calls this between
+    its phases (imports, Ray's start, Tune's run), so a stop is never lost for long."""
+    if _stop_asked:
+        raise KeyboardInterrupt
 
 
 def stop_handlers() -> dict[int, Any]:

@@ -591,7 +591,7 @@ def test_the_command_exits_past_the_interpreters_c_teardown(exit_by: str) -> Non
 
 _SWALLOWED = """
 import os, signal, sys
-from study.launch import install_stop_handlers, raise_a_swallowed_stop
+from study.stops import install_stop_handlers, raise_a_swallowed_stop
 
 install_stop_handlers()
 
@@ -644,7 +644,7 @@ def test_a_stop_swallowed_where_python_cannot_raise_is_silent_and_raised_again(
 _STOPPED_WHILE_PARSING = """
 import os, signal, sys
 import study.cli as cli
-from study.launch import install_stop_handlers
+from study.stops import install_stop_handlers
 
 install_stop_handlers()
 build_parser = cli.build_parser

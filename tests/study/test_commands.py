@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from study.cli import resume_command
-from study.launch import command_name, run_again
+from study.commands import command_name, run_again
 from study.lease import _command
 from study.spec import load_spec
 from study.storage import StudyPaths
