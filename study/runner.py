@@ -33,12 +33,11 @@ import optuna
 import pyarrow.fs as pafs
 import ray
 from ray import tune
-from ray.train._internal.session import _TrainingResult
 from ray.tune import Callback, CLIReporter
 from ray.tune.experiment import Trial
 from ray.tune.search import ConcurrencyLimiter
 
-from study import journal_copy
+from study import journal_copy, ray_private
 from study.export import ParquetCallback, export_experiment
 from study.lease import hold_lease
 from study.processes import Reaper
@@ -376,7 +375,7 @@ def attach_reported_checkpoint(trial: Trial) -> bool:
     if fs.get_file_info(f"{path}/{CHECKPOINT_FILE}").type != pafs.FileType.File:
         return False
     checkpoint = tune.Checkpoint(path, filesystem=fs)
-    trial.on_checkpoint(_TrainingResult(checkpoint=checkpoint, metrics=dict(trial.last_result)))
+    trial.on_checkpoint(ray_private.training_result(checkpoint, dict(trial.last_result)))
     return True
 
 
@@ -388,16 +387,17 @@ def _replay(controller: Any, trials: list[Trial], spec: StudySpec, paths: StudyP
     concurrency limit see an ended trial, not one to run again); Optuna is told the ends it
     missed; ASHA gets the stops it missed; the trials counted towards ``num_samples`` are those
     Tune saved and those that ended (the Parquet takes the latter from their records)."""
-    scheduler = controller._scheduler_alg
+    scheduler = ray_private.scheduler(controller)
     if isinstance(scheduler, PersistentASHA):
         scheduler.rebind(paths)
     elif isinstance(scheduler, SnapshotBeforeStart):
         scheduler.paths = paths
-    for callback in getattr(controller._callbacks, "_callbacks", []):
+    for callback in ray_private.callbacks(controller):
         if isinstance(callback, ParquetCallback):
             callback.rebind(paths, spec)
     ends = read_end_records(paths)
-    searcher = _optuna_searcher(controller._search_alg)
+    search_alg = ray_private.search_alg(controller)
+    searcher = _optuna_searcher(search_alg)
     if searcher is not None:
         searcher.rebind(paths, SamplerRecipe.of(spec))
         live = {t.trial_id: t.config for t in trials if t.trial_id not in ends}
@@ -425,8 +425,7 @@ def _replay(controller: Any, trials: list[Trial], spec: StudySpec, paths: StudyP
         if end.last_result:
             trial.update_last_result(dict(end.last_result))  # type: ignore[no-untyped-call]
         # the concurrency limiter still counts it live; the searcher skips an end it was told
-        controller._search_alg.on_trial_complete(trial.trial_id, result=dict(end.last_result))
-    search_alg = controller._search_alg
+        search_alg.on_trial_complete(trial.trial_id, result=dict(end.last_result))
     limiter = getattr(search_alg, "searcher", None)
     if isinstance(limiter, ConcurrencyLimiter):  # rebuilt, not unpickled: a dropped trial there
         limiter.live_trials = {  # would hold its slot for ever
@@ -435,20 +434,16 @@ def _replay(controller: Any, trials: list[Trial], spec: StudySpec, paths: StudyP
             if t.status in (Trial.PENDING, Trial.RUNNING, Trial.PAUSED) and t.trial_id not in ends
         }
         limiter.num_unfinished_live_trials = len(limiter.live_trials)
-    experiment = getattr(search_alg, "_experiment", None)
-    if experiment is not None and getattr(controller, "_storage", None) is not None:
+    experiment = ray_private.searcher_experiment(search_alg)
+    if experiment is not None and ray_private.storage(controller) is not None:
         # the searcher's saved experiment creates new trials with the first run's storage: a
         # study resumed from a copy would send their checkpoints to the old place
-        experiment.storage = copy.copy(controller._storage)
+        experiment.storage = copy.copy(ray_private.storage(controller))
         experiment.spec["storage"] = experiment.storage
-    if hasattr(search_alg, "_total_samples"):  # the stored spec is the truth (`resume --more`)
-        search_alg._total_samples = spec.search.num_samples
-    if hasattr(search_alg, "_counter"):
-        # the trials the study has: those Tune saved and those that ended without Tune saving it.
-        # Tune's own count comes from its searcher's file, which is saved (and uploaded) apart
-        # from the trials' file, so after a kill it can count a trial neither file holds; that
-        # trial's Optuna trial is an orphan and goes to the next new trial
-        search_alg._counter = len(known | set(ends))
+    # the stored spec's total is the truth (`resume --more`); the trials the study has are those
+    # Tune saved and those that ended without Tune saving it (Tune's own count, from the
+    # searcher's file saved apart from the trials', can count a trial neither file holds)
+    ray_private.set_trial_count(search_alg, spec.search.num_samples, len(known | set(ends)))
 
 
 FULL_RECORD = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -507,24 +502,14 @@ def _one_line_logs(paths: StudyPaths) -> Iterator[None]:
 
 @contextlib.contextmanager
 def _replaying_records(spec: StudySpec, paths: StudyPaths) -> Iterator[None]:
-    """Run `_replay` inside Tune's restore, between loading the saved trials and queueing them.
+    """Run `_replay` inside Tune's restore, between loading the saved trials and queueing them
+    (`study.ray_private.before_restored_trials_queue`: Tune has no public hook there)."""
 
-    That moment has no public hook: Tune loads the trials, the searcher's and the callbacks'
-    state, then queues every trial (telling the scheduler); a trial queued as pending starts at
-    the next step. Ray is pinned (2.60); a Ray upgrade must keep tests/study/test_resume.py green."""
-    from ray.tune.execution.tune_controller import TuneController
-
-    original = TuneController._requeue_restored_trials
-
-    def requeue(controller: Any, trials: list[Trial], resume_config: Any) -> None:
+    def replay(controller: Any, trials: list[Trial]) -> None:
         _replay(controller, trials, spec, paths)
-        original(controller, trials, resume_config)
 
-    TuneController._requeue_restored_trials = requeue  # type: ignore[method-assign,assignment]
-    try:
+    with ray_private.before_restored_trials_queue(replay):
         yield
-    finally:
-        TuneController._requeue_restored_trials = original  # type: ignore[method-assign]
 
 
 def _fit(

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 from ray.tune.experiment import Trial
 from ray.tune.schedulers import AsyncHyperBandScheduler, FIFOScheduler, TrialScheduler
 
+from study import ray_private
 from study.asha_state import STATE_VERSION, Change, fold_log, read_state, save_changes
 from study.records import EndRecord, relative_to_root, write_end_record
 from study.storage import StudyPaths, create_bytes, save_reports
@@ -101,7 +102,7 @@ class SnapshotBeforeStart(FIFOScheduler):
     def choose_trial_to_run(self, tune_controller: TuneController) -> Trial | None:
         # Schedulers get a wrapper that warns on controller calls outside its allow-list;
         # `checkpoint` is the controller's own save, forced past its period and awaited.
-        controller = getattr(tune_controller, "_tune_controller", tune_controller)
+        controller = ray_private.controller_of(tune_controller)
         trials = controller.get_trials()
         new = [t for t in trials if t.trial_id not in self._saved_trials]
         if new and self.paths is not None:
