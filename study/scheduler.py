@@ -151,7 +151,6 @@ class PersistentASHA(SnapshotBeforeStart, AsyncHyperBandScheduler):
     """
 
     def __init__(self, state_uri: str, paths: StudyPaths | None = None, **kwargs: Any) -> None:
-        kwargs.setdefault("stop_last_trials", False)  # a trial ends by itself at its budget
         super().__init__(paths=paths, **kwargs)
         self._state_uri = state_uri
         self._stopped: set[str] = set()

@@ -420,4 +420,5 @@ def make_scheduler(spec: StudySpec, paths: StudyPaths) -> PersistentASHA | Snaps
         grace_period=s.grace_period,
         reduction_factor=s.reduction_factor,
         brackets=s.brackets,
+        stop_last_trials=False,  # a trial ends by itself at its budget (Ray's default is True)
     )

@@ -24,7 +24,22 @@ def _asha(state: Path, grace_period: int = 10, paths: StudyPaths | None = None) 
         max_t=40,
         grace_period=grace_period,
         reduction_factor=2,
+        stop_last_trials=False,  # as make_scheduler builds it
     )
+
+
+def test_persistent_asha_keeps_rays_defaults(tmp_path: Path) -> None:
+    """A subclass of Ray's scheduler keeps its documented defaults; the study's own choice
+    (``stop_last_trials=False``: a trial ends by itself at its budget) is made in make_scheduler."""
+    from ray.tune.schedulers import AsyncHyperBandScheduler
+
+    from study.search import make_scheduler
+    from study.spec import load_spec
+
+    ours = PersistentASHA(str(tmp_path / "asha.json"), metric="acc", mode="max")
+    assert ours._stop_last_trials == AsyncHyperBandScheduler(metric="acc", mode="max")._stop_last_trials
+    spec = load_spec("parity-smoke")
+    assert make_scheduler(spec, StudyPaths(str(tmp_path), "s"))._stop_last_trials is False
 
 
 def _trial(trial_id: str, local_path: Path | None = None) -> Any:
