@@ -316,7 +316,9 @@ OUTCOME_ATTR = "outcome"
 """The user attribute of a finished Optuna trial saying how its Tune trial ended: ``completed``,
 ``early_stopped`` (ASHA stopped it: its value is the one at ``iteration``, below the budget) or
 ``diverged``. Optuna's state cannot say it: an ASHA stop is COMPLETE, as Ray's OptunaSearch
-tells it, so that TPE models it with its last value."""
+tells it, so that TPE models it with its last value; as PRUNED, TPE found worse configurations in
+a synthetic study (bench/stopped_as_pruned.py: median best 0.9064 against 0.9146 at 16 trials,
+0.9755 against 0.9771 at 40, the same at 100)."""
 
 STEP = "iteration"
 """The step of Optuna's intermediate values and TensorBoard's points: the model's training
