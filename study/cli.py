@@ -258,6 +258,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-estimate", action="store_true", help="skip timing a few training iterations (no torch)"
     )
 
+    sub.add_parser(  # a stub for --help: `main` hands `slurm` to study.slurm before parsing
+        "slurm",
+        help="write a Slurm batch script for a study and submit it with sbatch (docs/slurm.md)",
+        add_help=False,
+    )
     sub.add_parser(
         "schema",
         help="print the JSON Schema of a spec (for editors: taplo, Even Better TOML)",
@@ -575,6 +580,11 @@ def _as_ctrl_c(signum: int, frame: object) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit code."""
+    words = list(sys.argv[1:] if argv is None else argv)
+    if words[:1] == ["slurm"]:  # its own parser and checks, on a login node: no Ray, no torch
+        from study.slurm import main as slurm_main
+
+        return slurm_main(words[1:])
     args = build_parser().parse_args(argv)
     storage_arg = _storage_arg(args)
     name = getattr(args, "name", None) if args.command != "run" else None

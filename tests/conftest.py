@@ -70,6 +70,7 @@ LONGEST_MODULES = (
     "test_stops.py",
     "test_location.py",
     "test_readme.py",
+    "test_slurm.py",
     "test_torn_state.py",
 )
 """Test modules by their wall time in the suite (`--durations`), longest first."""
