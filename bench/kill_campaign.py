@@ -12,8 +12,9 @@ train, the instant a trial's end record appears (it reached its budget, diverged
 stopped it), the instant Tune saves its state before a trial starts, and during the final
 export. Every other run or resume shows Tune's progress table, the others are ``--quiet``.
 
-With ``--uniform`` every kill lands at a time drawn uniformly over ``[0, --horizon]`` seconds of
-the driver's life instead of at a named moment: it looks for windows nobody named. ``--seeds
+With ``--uniform`` every kill lands at a time drawn uniformly over the driver's life instead of
+at a named moment: it looks for windows nobody named. The life is ``--horizon`` seconds until a
+driver has run to its end by itself, then the longest such run so far. ``--seeds
 A,B,C`` runs one campaign per seed (``--kills`` each) and prints one line over all of them.
 
 After every kill the study's Parquet must be readable. When a study finishes (its driver exits
@@ -93,6 +94,8 @@ class Campaign:
     uniform: bool = False
     """Kill at a uniform random time over ``[0, horizon]`` s of each driver, not at named moments."""
     horizon: float = 30.0
+    lives: list[float] = field(default_factory=list)
+    """How long the drivers that ran to their end by themselves took (the --uniform window)."""
     signals: bool = False
     """Stop drivers with signals (SIGINT once or twice, SIGTERM, SIGHUP) instead of SIGKILL, check
     each exits 130 with the command to continue as its last line, and continue with that line."""
@@ -149,7 +152,7 @@ def _moment_reached(
 ) -> Callable[[], bool]:
     start = time.monotonic()
     if moment == "uniform":
-        delay = rng.uniform(0.0, c.horizon)
+        delay = rng.uniform(0.0, max(c.lives, default=c.horizon))
         return lambda: time.monotonic() - start >= delay
     if moment == "created":  # within a second of Optuna's "study created" line (or of the start)
         delay = rng.uniform(0.0, 1.0)
@@ -347,6 +350,8 @@ def run_campaign(c: Campaign) -> tuple[int, list[Kill]]:
                     verb_args = ["resume", name]
                 continue
             rc = proc.wait(timeout=900)
+            if rc == 0:
+                c.lives.append(time.monotonic() - started)
             if rc != 0:
                 tail = log.read_text(errors="replace")[-2000:]
                 problem = (
