@@ -14,7 +14,7 @@ export. Every other run or resume shows Tune's progress table, the others are ``
 
 With ``--uniform`` every kill lands at a time drawn uniformly over the driver's life instead of
 at a named moment: it looks for windows nobody named. The life is ``--horizon`` seconds until a
-driver has run to its end by itself, then the longest such run so far. ``--seeds
+``run`` has done a whole study by itself, then the longest such run so far. ``--seeds
 A,B,C`` runs one campaign per seed (``--kills`` each) and prints one line over all of them.
 
 After every kill the study's Parquet must be readable. When a study finishes (its driver exits
@@ -350,7 +350,7 @@ def run_campaign(c: Campaign) -> tuple[int, list[Kill]]:
                     verb_args = ["resume", name]
                 continue
             rc = proc.wait(timeout=900)
-            if rc == 0:
+            if rc == 0 and verb_args[0] == "run":  # a whole study in one driver
                 c.lives.append(time.monotonic() - started)
             if rc != 0:
                 tail = log.read_text(errors="replace")[-2000:]
