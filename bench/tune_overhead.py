@@ -266,8 +266,7 @@ STATUS_MIX = (
 
 def synthetic_study(task: str, n_trials: int, n_reports: int, base: dict[str, Any], seed: int) -> list[Any]:
     """``n_trials`` TrialRecords of ``n_reports`` reports each (a restarted trial repeats a few)."""
-    from ponder.config import MnistConfig, ParityConfig
-    from ponder.tasks import eval_set_names
+    from ponder.tasks import eval_set_names, get_task
     from ponder.trainer import SET_LIST_METRICS, SET_METRICS, TRAIN_METRICS
     from study.parquet import TrialRecord
 
@@ -290,9 +289,7 @@ def synthetic_study(task: str, n_trials: int, n_reports: int, base: dict[str, An
             "max_steps": int(rng.integers(2, 21)),
         }
         fixed = {"iterations": n_reports * eval_interval, "eval_interval": eval_interval, "device": "cpu"}
-        config_obj = (
-            MnistConfig(**fixed, **searched) if task == "mnist" else ParityConfig(**fixed, **searched)
-        )
+        config_obj = get_task(task).config(**fixed, **searched)
         config = {k: list(v) if isinstance(v, tuple) else v for k, v in config_obj.to_dict().items()}
         sets = eval_set_names(config_obj)
         set_keys = [[f"{s}/{m}" for m in SET_METRICS + SET_LIST_METRICS] for s in sets]

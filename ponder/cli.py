@@ -140,8 +140,6 @@ def _config(args: argparse.Namespace) -> TaskConfig:
     foreign = sorted(set(values) - {f.name for f in dataclasses.fields(cls)})
     if foreign:
         _fail(f"{_flag(foreign[0])} is not a flag of task {args.task}")
-    if "eval_rotations" in values:
-        values["eval_rotations"] = tuple(values["eval_rotations"])
     return cls(**values)
 
 

@@ -1,13 +1,19 @@
 """Typed configs, one per task. Field names are the names everywhere: CLI flags
-(``--lambda-p``), search-space keys and Parquet columns (``lambda_p``)."""
+(``--lambda-p``), search-space keys and Parquet columns (``lambda_p``).
+
+Which tasks there are is `ponder.tasks`'s registry: ``CONFIGS`` reads it at each use.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Literal, TypeVar
+
+if TYPE_CHECKING:
+    from ponder.tasks import TaskDef
 
 PriorTail = Literal["renormalise", "last_step", "truncate"]
 """How the geometric prior's mass beyond step N is treated (`ponder.halting.log_geometric_prior`)."""
@@ -28,6 +34,7 @@ __all__ = [
     "PonderConfig",
     "PriorTail",
     "TaskConfig",
+    "TaskView",
     "config_from_dict",
     "resolve_config",
 ]
@@ -88,6 +95,8 @@ class PonderConfig:
             value = getattr(self, f.name)
             kind = _FIELD_KINDS.get(f.type if isinstance(f.type, str) else "")
             if kind is None:
+                if isinstance(value, list) and str(f.type).startswith("tuple"):
+                    setattr(self, f.name, tuple(value))  # a list from JSON, TOML or argparse
                 continue
             if kind is float and isinstance(value, int) and not isinstance(value, bool):
                 setattr(self, f.name, float(value))
@@ -134,6 +143,11 @@ class PonderConfig:
         """The fields as plain values, plus ``task``: what a checkpoint or a Parquet row stores."""
         return {"task": self.task, **dataclasses.asdict(self)}
 
+    @classmethod
+    def resolve_defaults(cls, values: dict[str, Any]) -> None:
+        """Replace, in place, a default in ``values`` that stands for another value (parity's
+        ``n_nonzero_max`` None: ``n_elems``) by that value, for `resolve_config`; none here."""
+
 
 @dataclass
 class ParityConfig(PonderConfig):
@@ -165,6 +179,12 @@ class ParityConfig(PonderConfig):
             hi,
             f"between n_nonzero_min ({self.n_nonzero_min}) and n_elems ({self.n_elems})",
         )
+
+    @classmethod
+    def resolve_defaults(cls, values: dict[str, Any]) -> None:
+        """``n_nonzero_max`` None means ``n_elems``."""
+        if values.get("n_nonzero_max") is None:
+            values["n_nonzero_max"] = values["n_elems"]
 
     @property
     def nonzero_range(self) -> tuple[int, int]:
@@ -205,8 +225,38 @@ class MnistConfig(PonderConfig):
         self.eval_rotations = tuple(float(a) for a in self.eval_rotations)
 
 
-TaskConfig = ParityConfig | MnistConfig
-CONFIGS: dict[str, type[ParityConfig] | type[MnistConfig]] = {"parity": ParityConfig, "mnist": MnistConfig}
+TaskConfig = PonderConfig
+"""The config of any registered task (`ponder.tasks`)."""
+
+V = TypeVar("V")
+
+
+class TaskView(Mapping[str, V], Generic[V]):
+    """One value per registered task (`ponder.tasks.TaskDef`), by task name, in registration
+    order; read at each use, so a task registered later is in it."""
+
+    def __init__(self, value: Callable[[TaskDef[Any]], V]) -> None:
+        self._value = value
+
+    def _values(self) -> dict[str, V]:
+        from ponder.tasks import registered  # ponder.tasks imports this module: looked up at use
+
+        return {name: self._value(task) for name, task in registered().items()}
+
+    def __getitem__(self, name: str) -> V:
+        return self._values()[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._values())
+
+    def __len__(self) -> int:
+        return len(self._values())
+
+    def __repr__(self) -> str:
+        return repr(self._values())
+
+
+CONFIGS: Mapping[str, type[PonderConfig]] = TaskView(lambda task: task.config)
 """Config class per task name."""
 
 _FIELD_KINDS: dict[str, type] = {
@@ -237,8 +287,6 @@ def config_from_dict(values: dict[str, Any]) -> TaskConfig:
     unknown = sorted(set(values) - known)
     if unknown:
         raise ConfigError(f"{unknown[0]} is not a {task} config field; fields: {', '.join(sorted(known))}")
-    if "eval_rotations" in values and isinstance(values["eval_rotations"], list):
-        values["eval_rotations"] = tuple(values["eval_rotations"])
     return cls(**values)
 
 
@@ -247,8 +295,9 @@ def resolve_config(values: Mapping[str, Any]) -> dict[str, Any]:
     keys its spec sets or searches): every field of its task's config, the dataclass default where
     ``values`` has no such key, plus ``task``. The dataclass is the one source of defaults.
 
-    ``n_nonzero_max`` left at None (it means ``n_elems``) is written as the number it means, so
-    a row says what the trial trained on. Not validated: a stored config is reported as it was.
+    A default that stands for another value (parity's ``n_nonzero_max`` None means ``n_elems``)
+    is written as the value it means (`PonderConfig.resolve_defaults`), so a row says what the
+    trial trained on. Not validated: a stored config is reported as it was.
     Keys that are not fields of the task are kept as they are; an unknown task gets no defaults.
     """
     task = values.get("task") or "parity"
@@ -259,6 +308,5 @@ def resolve_config(values: Mapping[str, Any]) -> dict[str, Any]:
     for f in dataclasses.fields(cls):
         resolved[f.name] = values.get(f.name, None if f.default is dataclasses.MISSING else f.default)
     resolved.update({k: v for k, v in values.items() if k not in resolved})
-    if cls is ParityConfig and resolved.get("n_nonzero_max") is None:
-        resolved["n_nonzero_max"] = resolved["n_elems"]
+    cls.resolve_defaults(resolved)
     return resolved

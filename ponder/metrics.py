@@ -1,4 +1,5 @@
-"""The names of what training reports, and of the evaluation sets a config gets.
+"""The names of what training reports, and of the evaluation sets a config gets (its task's,
+from the `ponder.tasks` registry).
 
 Torch-free, so that checking a study spec or reading a study's Parquet does not load torch (the
 ``ponder-study`` command answers ``--help``, ``status`` or a bad spec in a fraction of the time).
@@ -6,7 +7,7 @@ Torch-free, so that checking a study spec or reading a study's Parquet does not 
 
 from __future__ import annotations
 
-from ponder.config import MnistConfig, ParityConfig, TaskConfig
+from ponder.tasks import CHANCE, eval_set_names
 
 __all__ = [
     "CHANCE",
@@ -17,9 +18,6 @@ __all__ = [
     "TRAIN_METRICS",
     "eval_set_names",
 ]
-
-CHANCE = {"parity": 0.5, "mnist": 0.1}
-"""The accuracy of a guess, per task: parity's answer is one bit, MNIST's one of ten digits."""
 
 OUTCOMES = ("running", "completed", "diverged")
 """A run is running until it has made all its iterations (completed) or hit the NaN limit (diverged)."""
@@ -45,14 +43,3 @@ TRAIN_METRICS = ("loss", "loss_rec", "loss_reg", "grad_norm")
 
 TIMING_KEYS = ("time_s", "iterations_per_s")
 """Keys of a metrics dict that depend on the machine, not on the run's arithmetic."""
-
-
-def eval_set_names(config: TaskConfig) -> list[str]:
-    """Names of the evaluation sets `ponder.tasks.build_task` makes for this config, without
-    building them."""
-    if isinstance(config, ParityConfig):
-        names = ["test", "easy", "hard"]
-        return [*names, "extrapolation"] if config.nonzero_range[1] < config.n_elems else names
-    if isinstance(config, MnistConfig):
-        return ["test", *(f"rot{angle:g}" for angle in config.eval_rotations)]
-    raise TypeError(f"no task for config {type(config).__name__}")

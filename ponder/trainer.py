@@ -20,7 +20,6 @@ from torch.nn.utils import clip_grad_norm_
 from ponder.compiled import compile_mode, share_compile_cache, should_compile, uses_cuda_graphs
 from ponder.config import CompileMode, KLDirection, TaskConfig, config_from_dict
 from ponder.cpu import keep_freed_memory
-from ponder.data.mnist import MnistData
 from ponder.files import temporary_beside
 from ponder.halting import expected_steps, halting_accuracies, log_geometric_prior, sample_halting_step
 from ponder.losses import kl_to_prior, per_step_cross_entropy, reconstruction_loss
@@ -111,11 +110,13 @@ class StepResult:
 class Trainer:
     """Trains one PonderNet on one task config; every piece of its state is in `state_dict`."""
 
-    def __init__(self, config: TaskConfig, mnist: MnistData | None = None) -> None:
+    def __init__(self, config: TaskConfig, data: object | None = None) -> None:
+        """``data``: the task's own data, passed to its builder (`ponder.tasks.build_task`):
+        MNIST's `MnistData`; None, the task's default."""
         keep_freed_memory()  # no page faults for the same tensors every iteration
         self.config = config
         self.device = resolve_device(config.device)
-        task = build_task(config, self.device, mnist)
+        task = build_task(config, self.device, data)
         self.model = task.model
         self.sample_batch = task.sample_batch
         self.eval_sets = task.eval_sets
@@ -368,7 +369,7 @@ class Trainer:
     def from_checkpoint(
         cls,
         source: str | os.PathLike[str] | IO[bytes],
-        mnist: MnistData | None = None,
+        data: object | None = None,
         device: str | None = None,
         compile: CompileMode | None = None,
     ) -> Trainer:
@@ -376,25 +377,26 @@ class Trainer:
         of bytes read from remote storage), loaded with ``weights_only=True``: tensors and plain
         containers only, so a tampered checkpoint cannot run code."""
         state = torch.load(source, map_location="cpu", weights_only=True)
-        return cls.from_state(state, mnist, device, compile)
+        return cls.from_state(state, data, device, compile)
 
     @classmethod
     def from_state(
         cls,
         state: dict[str, Any],
-        mnist: MnistData | None = None,
+        data: object | None = None,
         device: str | None = None,
         compile: CompileMode | None = None,
     ) -> Trainer:
         """A trainer built from the config inside ``state`` (`state_dict`'s dict) and restored from
-        it; ``device`` replaces the config's device (``cpu`` to evaluate a GPU run's checkpoint),
-        ``compile`` its compile mode (compiled and eager steps are interchangeable)."""
+        it; ``data`` goes to the task's builder as in `Trainer`; ``device`` replaces the config's
+        device (``cpu`` to evaluate a GPU run's checkpoint), ``compile`` its compile mode (compiled
+        and eager steps are interchangeable)."""
         values = dict(state["config"])
         if device is not None:
             values["device"] = device
         if compile is not None:
             values["compile"] = compile
-        trainer = cls(config_from_dict(values), mnist)
+        trainer = cls(config_from_dict(values), data)
         trainer.load_state_dict(state)
         return trainer
 

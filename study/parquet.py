@@ -55,7 +55,8 @@ import pandas as pd
 import pyarrow as pa
 
 from ponder.config import CONFIGS, resolve_config
-from ponder.metrics import CHANCE, SET_LIST_METRICS, SET_METRICS, TIMING_KEYS, TRAIN_METRICS
+from ponder.metrics import SET_LIST_METRICS, SET_METRICS, TIMING_KEYS, TRAIN_METRICS
+from ponder.tasks import CHANCE, canonical_sets
 from study.pareto import pareto_mask
 
 __all__ = [
@@ -87,7 +88,9 @@ WORST = 1e30
 +WORST when minimising): never a real value, so the Parquet shows it as null. Only in the
 objective's own columns, and only that exact value: any other metric keeps every finite value
 (a loss of 1.15e30 after a learning rate of 1e30 is a real, if dreadful, number)."""
-CANONICAL_SETS = ("test", "easy", "hard", "extrapolation", "rot22.5", "rot45", "rot67.5", "rot90")
+CANONICAL_SETS = canonical_sets()
+"""The canonical evaluation sets of the tasks registered at import (`ponder.tasks.canonical_sets`):
+their metrics are columns of every table from the start, as the tasks' fields are (`CONFIG_FIELDS`)."""
 
 
 @dataclass

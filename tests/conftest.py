@@ -10,6 +10,8 @@ import torch
 
 from ponder.model import StepFunction
 from ponder.steps import MnistStep, ParityStep
+from ponder.tasks import build_task
+from tests.ponder.majority import MajorityConfig, majority_task
 
 
 @dataclass
@@ -20,6 +22,13 @@ class StepCase:
     make_step: Callable[[], StepFunction]
     make_input: Callable[[int], torch.Tensor]
     make_labels: Callable[[int], torch.Tensor]
+
+
+def _majority_step() -> StepFunction:
+    """The test-only majority task's step, built through the registry as `Trainer` builds one."""
+    with majority_task():
+        config = MajorityConfig(n_bits=5, n_hidden=16, eval_samples=8, device="cpu")
+        return build_task(config, torch.device("cpu")).model.step
 
 
 STEP_CASES = [
@@ -34,6 +43,12 @@ STEP_CASES = [
         lambda: MnistStep(n_hidden=16, n_embed=8),
         lambda b: torch.randn(b, 1, 28, 28),
         lambda b: torch.randint(0, 10, (b,)),
+    ),
+    StepCase(  # a task registered from outside ponder/ (tests/ponder/majority.py)
+        "majority",
+        _majority_step,
+        lambda b: torch.randint(0, 2, (b, 5)).float(),
+        lambda b: torch.randint(0, 2, (b,)).float(),
     ),
 ]
 

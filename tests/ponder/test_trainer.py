@@ -94,7 +94,7 @@ def test_declared_metric_names_are_the_reported_ones(config: ParityConfig | Mnis
     declared = {f"{s}/{m}" for s in sets for m in SET_METRICS + SET_LIST_METRICS}
     declared |= {f"train/{m}" for m in TRAIN_METRICS}
     declared |= {"iteration", "outcome", "nan_events", *TIMING_KEYS}
-    trainer = Trainer(config, mnist=_digits() if isinstance(config, MnistConfig) else None)
+    trainer = Trainer(config, data=_digits() if isinstance(config, MnistConfig) else None)
     assert set(trainer.metrics()) == declared
 
 
