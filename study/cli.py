@@ -261,6 +261,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser(  # a stub for --help: `main` hands `slurm` to study.slurm before parsing
         "slurm",
         help="write a Slurm batch script for a study and submit it with sbatch (docs/slurm.md)",
+        description="Write a Slurm batch script that runs a study on the allocation's nodes (a Ray "
+        "head on the first, a worker on each other) and submit it with sbatch; with --requeue the "
+        "study goes on over as many allocations as it needs (docs/slurm.md).",
         add_help=False,
     )
     sub.add_parser(
