@@ -8,7 +8,12 @@ when the first trial ended) a copy of the study gets that damage and is resumed.
 with ``num_samples`` trials, none twice, the ended ones unchanged, Optuna level with them
 (`tests/study/test_torn_state.py` runs four of these cases in the suite).
 
+With ``--then-kill`` each damaged copy's first resume is SIGKILLed (its whole process group)
+once one more trial has ended, and a second resume must finish it: the sequence (a recovery,
+then a kill inside it) that left the study of issue 33 stuck.
+
     .venv/bin/python bench/torn_state.py            # 4 files x 5 damages = 20 resumes
+    .venv/bin/python bench/torn_state.py --then-kill
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests.study.conftest import cli, stop_shared_ray  # noqa: E402
+from tests.study.conftest import Driver, cli, stop_shared_ray  # noqa: E402
 from tests.study.test_torn_state import (  # noqa: E402
     DAMAGES,
     NAME,
@@ -35,10 +40,26 @@ from tests.study.test_torn_state import (  # noqa: E402
 )
 
 
+def _ended(study: Path) -> int:
+    return len(list((study / "studies" / NAME / "ended").glob("*.json")))
+
+
+def _resume_then_kill(study: Path) -> None:
+    """A resume SIGKILLed (its whole process group) once one more trial has ended."""
+    before = _ended(study)
+    d = Driver("resume", NAME, "--storage", str(study), "--quiet", log=study.with_suffix(".log"))
+    try:
+        d.wait_until(lambda: _ended(study) > before, poll=0.01)
+        d.kill()
+    except AssertionError:  # it finished first: the second resume has nothing to do
+        d.finish()
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--files", default=",".join(STATE_FILES), help="comma-separated state files")
     p.add_argument("--damages", default=",".join(DAMAGES), help="comma-separated damages")
+    p.add_argument("--then-kill", action="store_true", help="SIGKILL the first resume after a trial ends")
     args = p.parse_args()
     where = Path(tempfile.mkdtemp(prefix="torn-state-"))
     t0 = time.monotonic()
@@ -51,6 +72,8 @@ def main() -> None:
                 shutil.copytree(storage, copy, symlinks=True)
                 before = ended_trials(copy)
                 damage(copy / "tune" / NAME, older, kind, how)
+                if args.then_kill:
+                    _resume_then_kill(copy)
                 done = cli("resume", NAME, "--storage", str(copy), "--quiet", timeout=300)
                 problems = [] if done.returncode == 0 else [f"exit {done.returncode}: {done.stderr[-300:]}"]
                 problems += check_finished(copy, before) if done.returncode == 0 else []
