@@ -10,7 +10,7 @@ continues the study, which is what the campaign runs next; it prints ``signals s
 The moments, drawn from ``--seed``: while Ray starts (or a resume restores), while trials
 train, the instant a trial's end record appears (it reached its budget, diverged, or ASHA
 stopped it), the instant Tune saves its state before a trial starts, and during the final
-export. Every other run or resume shows Tune's progress table, the others are ``--quiet``.
+export. Every other kill meets a driver showing Tune's progress table, the others ``--quiet``.
 
 With ``--uniform`` every kill lands at a time drawn uniformly over the driver's life instead of
 at a named moment: it looks for windows nobody named. The life is ``--horizon`` seconds until a
@@ -316,8 +316,9 @@ def run_campaign(c: Campaign) -> tuple[int, list[Kill]]:
             cycle += 1
             if c.on_cycle is not None:
                 c.on_cycle(cycle)
-            table = cycle % 2 == 1  # the progress table on for half the runs
             killing = len(kills) < c.kills
+            # the progress table on for half the kills (and half the other drivers)
+            table = len(kills) % 2 == 0 if killing else cycle % 2 == 1
             if c.signals and study_kills and len(kills) % 4 == 0:
                 killing = False  # let this study finish: every 4th signal meets a new study's `run`
             moment = ("uniform" if c.uniform else rng.choice(MOMENTS)) if killing else "none"
