@@ -41,6 +41,7 @@ from study import journal_copy, ray_private
 from study.export import ParquetCallback, export_experiment
 from study.lease import hold_lease
 from study.processes import Reaper
+from study.ray_token import private_token
 from study.records import StudyError, load_study_spec, read_end_records
 from study.scheduler import PersistentASHA, SnapshotBeforeStart
 from study.search import (
@@ -226,6 +227,8 @@ def _init_ray(address: str | None, paths: StudyPaths) -> None:
         # a Ray instance of its own, as --help says: ray.init() alone would join whatever cluster
         # `ray start` last started on this machine; --address auto asks for that explicitly
         address = "local"
+    if address == "local":
+        private_token()  # on a shared machine, the instance's token is its owner's alone
     try:  # Ray's start-up notices (token auth, ...) at ERROR: a refusal stays one line on stderr
         crash_handler_back_for_ray_processes()  # Ray read it at import: its processes keep theirs
         with stops_held_while_ray_starts():
