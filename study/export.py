@@ -28,7 +28,7 @@ from ray.tune.experiment import Trial
 from study.dataset import write_study_table
 from study.journal_copy import push_journal
 from study.parquet import TrialRecord, history_table, pareto_marks, parse_result_lines, trials_table
-from study.records import OUTCOMES, EndRecord, read_end_records
+from study.records import OUTCOMES, EndRecord, read_end_record, read_end_records
 from study.search import optuna_storage
 from study.spec import StudySpec
 from study.storage import (
@@ -211,15 +211,6 @@ def write_tables(
     return records
 
 
-def _end_record(paths: StudyPaths, trial_id: str) -> EndRecord | None:
-    """One trial's end record (the whole ledger is `read_end_records`, which reads them all)."""
-    data = read_bytes(paths.end_record(trial_id))
-    try:
-        return EndRecord.from_json(data) if data is not None else None
-    except (ValueError, KeyError, TypeError):
-        return None
-
-
 class LiveParquet:
     """The study's Parquet while it runs, at a cost per trial that does not grow with the study.
 
@@ -249,7 +240,8 @@ class LiveParquet:
             self._load()
         assert self.exported is not None
         paths, spec = self.paths, self.spec
-        rec = _record(trial, paths, _end_record(paths, trial.trial_id), self.exported.get(trial.trial_id, []))
+        end = read_end_record(paths, trial.trial_id)
+        rec = _record(trial, paths, end, self.exported.get(trial.trial_id, []))
         history = history_table([rec], spec.objectives)
         row = trials_table([rec], spec.metric, spec.mode, spec.front_objectives, spec.objectives)
         changed = self._front_with(trial.trial_id, row.drop_columns(_list_columns(row)).to_pylist()[0])

@@ -53,6 +53,7 @@ __all__ = [
     "finished_study",
     "has_ended",
     "load_study_spec",
+    "read_end_record",
     "read_end_records",
     "relative_to_root",
     "write_end_record",
@@ -117,6 +118,15 @@ def has_ended(paths: StudyPaths, trial_id: str) -> bool:
     # on an object store up to FOLD_EVERY objects) need not be read at every trial's start
     legacy_stopped = (read_json(paths.asha) or {}).get("stopped", [])
     return trial_id in (read_json(paths.ended) or {}) or trial_id in legacy_stopped
+
+
+def read_end_record(paths: StudyPaths, trial_id: str) -> EndRecord | None:
+    """One trial's end record (None if it has none; `read_end_records` reads them all)."""
+    data = read_bytes(paths.end_record(trial_id))
+    try:
+        return EndRecord.from_json(data) if data is not None else None
+    except (ValueError, KeyError, TypeError):
+        return None
 
 
 def _saved_last_report(paths: StudyPaths, trial_id: str) -> dict[str, Any]:

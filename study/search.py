@@ -19,7 +19,7 @@ from ray.tune.search import ConcurrencyLimiter
 from ray.tune.search.optuna import OptunaSearch
 
 from study.parquet import parse_result_lines
-from study.records import EndRecord, read_end_records
+from study.records import EndRecord, read_end_record, read_end_records
 from study.scheduler import PersistentASHA, SnapshotBeforeStart
 from study.spec import Dimension, StudySpec
 from study.storage import StudyPaths, read_bytes, trial_reports
@@ -304,7 +304,7 @@ class DivergenceAwareOptunaSearch(OptunaSearch):
         saved = self._report_saved(asked, trial_id)
         if saved:  # saved only once the trial ended: its last report is its end
             result = saved[-1]
-        end = _read_end(self._paths, trial_id)
+        end = read_end_record(self._paths, trial_id)
         if end is not None:
             _mark_end(asked, end.outcome, end.iteration)
         if result is not None and result.get("outcome") == "diverged":
@@ -328,14 +328,6 @@ iteration, as the Parquet's ``iteration`` column (not Tune's count of reports)."
 def _mark_end(asked: optuna.trial.Trial, outcome: str, iteration: int) -> None:
     asked.set_user_attr(OUTCOME_ATTR, outcome)
     asked.set_user_attr(STEP, int(iteration))
-
-
-def _read_end(paths: StudyPaths, trial_id: str) -> EndRecord | None:
-    data = read_bytes(paths.end_record(trial_id))
-    try:
-        return EndRecord.from_json(data) if data is not None else None
-    except (ValueError, KeyError, TypeError):
-        return None
 
 
 def repair_journal(journal: str) -> int:
