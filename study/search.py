@@ -219,10 +219,15 @@ class DivergenceAwareOptunaSearch(OptunaSearch):
         self._orphans = list(plan.orphans)
         return set(plan.drop)
 
+    def _state(self, trial_id: str) -> optuna.trial.TrialState | None:
+        """The state of the Optuna trial this Tune trial holds (None: it holds none)."""
+        asked = self._ot_trials.get(trial_id)
+        return None if asked is None else asked.storage.get_trial(asked._trial_id).state
+
     def _optuna_trial_open(self, trial_id: str) -> bool:
         """Whether Optuna can still take reports for this Tune trial: one it knows, not finished."""
-        asked = self._ot_trials.get(trial_id)
-        return asked is not None and not asked.storage.get_trial(asked._trial_id).state.is_finished()
+        state = self._state(trial_id)
+        return state is not None and not state.is_finished()
 
     def _tell(self, asked: optuna.trial.Trial, end: EndRecord) -> None:
         """Tell Optuna a trial's end from its end record: every report, how it ended, its value."""
@@ -282,12 +287,8 @@ class DivergenceAwareOptunaSearch(OptunaSearch):
 
     def _told(self, trial_id: str) -> bool:
         """Whether Optuna already has this trial's end (a restored trial that had ended)."""
-        asked = self._ot_trials.get(trial_id)
-        if asked is None or self._ot_study is None:
-            return False
-        trials = self._ot_study.get_trials(deepcopy=False)
-        frozen = next((t for t in reversed(trials) if t.number == asked.number), None)
-        return frozen is not None and frozen.state.is_finished()
+        state = self._state(trial_id)
+        return state is not None and state.is_finished()
 
     def on_trial_complete(
         self, trial_id: str, result: dict[str, Any] | None = None, error: bool = False
