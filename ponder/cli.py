@@ -8,23 +8,20 @@ values are checked before torch is loaded (two seconds of imports), so a typo an
 from __future__ import annotations
 
 import argparse
-import ast
 import dataclasses
-import inspect
 import json
 import math
 import signal
 import sys
-import textwrap
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from ponder.config import CONFIGS, ConfigError, PonderConfig, TaskConfig
+from ponder.config import CONFIGS, ConfigError, PonderConfig, TaskConfig, fields_of
 
 if TYPE_CHECKING:
     from ponder.trainer import Metrics, Trainer
 
-__all__ = ["build_parser", "field_docs", "main"]
+__all__ = ["build_parser", "main"]
 
 PROG = "python -m ponder.train"
 EXIT_USAGE = 2
@@ -35,34 +32,6 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see --help)\n")
-
-
-def field_docs(cls: type) -> dict[str, str]:
-    """The docstring under each dataclass field, from the class and its bases."""
-    docs: dict[str, str] = {}
-    for klass in reversed(cls.__mro__):
-        if not dataclasses.is_dataclass(klass):
-            continue
-        body = ast.parse(textwrap.dedent(inspect.getsource(klass))).body[0]
-        assert isinstance(body, ast.ClassDef)
-        for stmt, nxt in zip(body.body, body.body[1:], strict=False):
-            if (
-                isinstance(stmt, ast.AnnAssign)
-                and isinstance(stmt.target, ast.Name)
-                and isinstance(nxt, ast.Expr)
-                and isinstance(nxt.value, ast.Constant)
-                and isinstance(nxt.value.value, str)
-            ):
-                docs[stmt.target.id] = " ".join(nxt.value.value.split())
-    return docs
-
-
-_CHOICES = {
-    "KLDirection": ("forward", "reverse"),
-    "PriorTail": ("renormalise", "last_step", "truncate"),
-    "CompileMode": ("auto", "on", "off"),
-}
-_TYPES: dict[str, Any] = {"float": float, "int": int, "str": str, "int | None": int, "str | None": str}
 
 
 CONFIG_FIELDS = frozenset(f.name for cls in CONFIGS.values() for f in dataclasses.fields(cls))
@@ -98,13 +67,13 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--threads", type=int, metavar="N", help="torch CPU threads (default: torch's choice)")
     owners: dict[str, list[str]] = {}  # field name -> the tasks that have it
     for task, cls in CONFIGS.items():
-        for f in dataclasses.fields(cls):
+        for f in fields_of(cls):
             owners.setdefault(f.name, []).append(task)
     groups = {"all": parser.add_argument_group("config, all tasks")}
     groups.update({t: parser.add_argument_group(f"config, {t} only") for t in CONFIGS})
     for task, cls in CONFIGS.items():
-        docs, defaults = field_docs(cls), cls()
-        for f in dataclasses.fields(cls):
+        defaults = cls()
+        for f in fields_of(cls):
             if owners[f.name][0] != task:  # added with the first task that has it
                 continue
             shared = len(owners[f.name]) == len(CONFIGS)
@@ -113,18 +82,17 @@ def build_parser() -> argparse.ArgumentParser:
                 per_task = {t: repr(getattr(c(), f.name)) for t, c in CONFIGS.items()}
                 if len(set(per_task.values())) > 1:
                     default = ", ".join(f"{t} {v}" for t, v in per_task.items())
-            kind = str(f.type)
             kwargs: dict[str, Any] = {
                 "dest": f.name,
                 "default": argparse.SUPPRESS,  # only flags given override the config's defaults
-                "help": f"{docs.get(f.name, '')} (default: {default})",
+                "help": f"{f.doc} (default: {default})",
             }
-            if kind in _CHOICES:
-                kwargs["choices"] = _CHOICES[kind]
-            elif kind.startswith("tuple[float"):
-                kwargs.update(type=float, nargs="*", metavar="DEG")
+            if f.choices:
+                kwargs["choices"] = f.choices
+            elif f.kind is tuple:  # eval_rotations: angles in degrees
+                kwargs.update(type=f.item, nargs="*", metavar="DEG")
             else:
-                kwargs.update(type=_TYPES[kind], metavar=f.name.upper())
+                kwargs.update(type=f.kind, metavar=f.name.upper())
             groups["all" if shared else task].add_argument(_flag(f.name), **kwargs)
     return parser
 

@@ -6,11 +6,27 @@ Which tasks there are is `ponder.tasks`'s registry: ``CONFIGS`` reads it at each
 
 from __future__ import annotations
 
+import ast
 import dataclasses
+import functools
+import inspect
 import math
+import textwrap
+import types
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Generic, Literal, TypeVar
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    ClassVar,
+    Generic,
+    Literal,
+    TypeVar,
+    Union,
+    get_args,
+    get_origin,
+    get_type_hints,
+)
 
 if TYPE_CHECKING:
     from ponder.tasks import TaskDef
@@ -28,6 +44,7 @@ __all__ = [
     "CONFIGS",
     "CompileMode",
     "ConfigError",
+    "FieldInfo",
     "KLDirection",
     "MnistConfig",
     "ParityConfig",
@@ -36,6 +53,7 @@ __all__ = [
     "TaskConfig",
     "TaskView",
     "config_from_dict",
+    "fields_of",
     "resolve_config",
 ]
 
@@ -91,20 +109,19 @@ class PonderConfig:
         self.validate()
 
     def _check_types(self) -> None:
-        for f in dataclasses.fields(self):
+        for f in fields_of(type(self)):
             value = getattr(self, f.name)
-            kind = _FIELD_KINDS.get(f.type if isinstance(f.type, str) else "")
-            if kind is None:
-                if isinstance(value, list) and str(f.type).startswith("tuple"):
+            if f.choices or f.kind not in (bool, float, int, str):  # choices: `validate` names them
+                if isinstance(value, list) and f.kind is tuple:
                     setattr(self, f.name, tuple(value))  # a list from JSON, TOML or argparse
                 continue
-            if kind is float and isinstance(value, int) and not isinstance(value, bool):
+            if f.kind is float and isinstance(value, int) and not isinstance(value, bool):
                 setattr(self, f.name, float(value))
                 continue
-            if value is None and f.type.endswith("| None"):
+            if value is None and f.optional:
                 continue
-            if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
-                raise ConfigError(f"{f.name} must be {kind.__name__}, got {value!r}")
+            if not isinstance(value, f.kind) or (isinstance(value, bool) and f.kind is not bool):
+                raise ConfigError(f"{f.name} must be {f.kind.__name__}, got {value!r}")
 
     def validate(self) -> None:
         """Raise `ConfigError` naming the first field out of range."""
@@ -119,19 +136,10 @@ class PonderConfig:
         _check(self.eval_interval >= 1, "eval_interval", self.eval_interval, ">= 1")
         _check(self.eval_samples >= 1, "eval_samples", self.eval_samples, ">= 1")
         _check(self.max_nan_events >= 0, "max_nan_events", self.max_nan_events, ">= 0")
-        _check(
-            self.kl_direction in ("forward", "reverse"),
-            "kl_direction",
-            self.kl_direction,
-            "forward or reverse",
-        )
-        _check(
-            self.prior_tail in ("renormalise", "last_step", "truncate"),
-            "prior_tail",
-            self.prior_tail,
-            "renormalise, last_step or truncate",
-        )
-        _check(self.compile in ("auto", "on", "off"), "compile", self.compile, "auto, on or off")
+        for f in fields_of(type(self)):  # kl_direction, prior_tail, compile: their Literal's values
+            if f.choices:
+                value = getattr(self, f.name)
+                _check(value in f.choices, f.name, value, _one_of(f.choices))
         _check(
             self.device == "auto" or self.device.split(":")[0] in ("cpu", "cuda", "mps"),
             "device",
@@ -259,18 +267,95 @@ class TaskView(Mapping[str, V], Generic[V]):
 CONFIGS: Mapping[str, type[PonderConfig]] = TaskView(lambda task: task.config)
 """Config class per task name."""
 
-_FIELD_KINDS: dict[str, type] = {
-    "float": float,
-    "int": int,
-    "str": str,
-    "int | None": int,
-    "str | None": str,
-}
-
 
 def _check(ok: bool, name: str, value: object, should: str) -> None:
     if not ok:
         raise ConfigError(f"{name} must be {should}, got {value!r}")
+
+
+def _one_of(choices: tuple[Any, ...]) -> str:
+    """``a, b or c``."""
+    *rest, last = (str(c) for c in choices)
+    return f"{', '.join(rest)} or {last}" if rest else last
+
+
+@dataclass(frozen=True)
+class FieldInfo:
+    """One config field as every reader of the configs sees it (the CLI's flags, a spec's
+    ``[config]`` and ``[space]``, the Parquet columns): read from the dataclass, the one definition."""
+
+    name: str
+    type: Any
+    """The annotation, resolved, less its ``| None``: float, int, str, a Literal, tuple[float, ...]."""
+    kind: type
+    """The class of a value: the annotation's, a Literal's values' (str), tuple for a tuple."""
+    item: type | None
+    """The class of a tuple field's items; None for any other field."""
+    optional: bool
+    """Whether None is a value (``int | None``)."""
+    choices: tuple[Any, ...]
+    """The values a Literal annotation allows; () where any value of ``kind`` may be given."""
+    default: Any
+    """The dataclass default (its factory's value; `dataclasses.MISSING` where there is none)."""
+    owner: type
+    """The config class it was read from."""
+
+    @property
+    def doc(self) -> str:
+        """The docstring under the field in the source (the nearest class's), on one line; "" if none.
+        Read when asked: parsing the source is not paid by every config that is built."""
+        return _field_docs(self.owner).get(self.name, "")
+
+
+_FIELDS: dict[type, tuple[FieldInfo, ...]] = {}  # fields_of's, per class: read once a process
+
+
+def fields_of(cls: type) -> tuple[FieldInfo, ...]:
+    """Each field of the config dataclass ``cls``, in order: name, type, choices, default, doc.
+    Types are resolved by `typing.get_type_hints`, allowed values read from ``Literal[...]``."""
+    known = _FIELDS.get(cls)
+    if known is None:
+        hints = get_type_hints(cls)
+        known = _FIELDS[cls] = tuple(_field_info(cls, f, hints[f.name]) for f in dataclasses.fields(cls))
+    return known
+
+
+def _field_info(cls: type, f: dataclasses.Field[Any], hint: Any) -> FieldInfo:
+    """`fields_of`'s entry for field ``f`` of ``cls``, annotated ``hint`` (resolved)."""
+    optional = False
+    if isinstance(hint, types.UnionType) or get_origin(hint) is Union:  # X | None
+        args = get_args(hint)
+        optional = type(None) in args
+        (hint,) = (a for a in args if a is not type(None))
+    origin = get_origin(hint)
+    choices = get_args(hint) if origin is Literal else ()
+    kind = type(choices[0]) if choices else origin or hint
+    item = get_args(hint)[0] if origin is tuple else None
+    default = f.default
+    if default is dataclasses.MISSING and f.default_factory is not dataclasses.MISSING:
+        default = f.default_factory()
+    return FieldInfo(f.name, hint, kind, item, optional, choices, default, cls)
+
+
+@functools.cache
+def _field_docs(cls: type) -> dict[str, str]:
+    """The docstring under each dataclass field, from the class and its bases (a subclass's last)."""
+    docs: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        if not dataclasses.is_dataclass(klass):
+            continue
+        body = ast.parse(textwrap.dedent(inspect.getsource(klass))).body[0]
+        assert isinstance(body, ast.ClassDef)
+        for stmt, nxt in zip(body.body, body.body[1:], strict=False):
+            if (
+                isinstance(stmt, ast.AnnAssign)
+                and isinstance(stmt.target, ast.Name)
+                and isinstance(nxt, ast.Expr)
+                and isinstance(nxt.value, ast.Constant)
+                and isinstance(nxt.value.value, str)
+            ):
+                docs[stmt.target.id] = " ".join(nxt.value.value.split())
+    return docs
 
 
 def config_from_dict(values: dict[str, Any]) -> TaskConfig:

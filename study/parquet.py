@@ -40,7 +40,6 @@ Every file of the dataset gets the dataset's one schema from `study.dataset` whe
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import math
 import numbers
@@ -54,7 +53,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from ponder.config import CONFIGS, resolve_config
+from ponder.config import CONFIGS, FieldInfo, fields_of, resolve_config
 from ponder.metrics import SET_LIST_METRICS, SET_METRICS, TIMING_KEYS, TRAIN_METRICS
 from ponder.tasks import CHANCE, canonical_sets
 from study.pareto import pareto_mask
@@ -151,23 +150,27 @@ def parse_result_lines(text: str) -> list[dict[str, Any]]:
 
 
 # -- schema -----------------------------------------------------------------------------------
-def _arrow_type(annotation: str) -> pa.DataType:
-    if annotation.startswith("tuple"):
-        return pa.list_(pa.float64())
-    if annotation.startswith("float"):
-        return pa.float64()
-    if annotation.startswith("int"):
-        return pa.int64()
-    if annotation.startswith("bool"):
-        return pa.bool_()
-    return pa.string()
+_ARROW_TYPES: dict[object, pa.DataType] = {
+    float: pa.float64(),
+    int: pa.int64(),
+    bool: pa.bool_(),
+    str: pa.string(),
+}
+"""A config value's column type, by its class (`ponder.config.FieldInfo.kind`); any other: string."""
+
+
+def _arrow_type(field: FieldInfo) -> pa.DataType:
+    """The column type of a config field: its values' (a list of its items' for a tuple)."""
+    if field.kind is tuple:
+        return pa.list_(_ARROW_TYPES.get(field.item, pa.string()))
+    return _ARROW_TYPES.get(field.kind, pa.string())
 
 
 def _config_fields() -> dict[str, pa.DataType]:
     fields: dict[str, pa.DataType] = {}
     for cls in CONFIGS.values():
-        for f in dataclasses.fields(cls):
-            fields.setdefault(f.name, _arrow_type(str(f.type)))
+        for f in fields_of(cls):
+            fields.setdefault(f.name, _arrow_type(f))
     return fields
 
 
@@ -336,10 +339,26 @@ def trials_table(
     objective "best" means, ``front`` the (metric, mode) pairs of the ``pareto`` column,
     ``objectives`` the (metric, mode) pairs the trainable reports a stand-in for (default: the
     primary objective and ``front``'s)."""
-    sets = _sets(records)
-    metric_fields = _metric_fields(sets)
-    scalar_metric_fields = [f for f in metric_fields if not pa.types.is_list(f.type)]
-    schema = pa.schema(
+    metric_fields = _metric_fields(_sets(records))
+    scalar = [f for f in metric_fields if not pa.types.is_list(f.type)]  # with best/ and before_divergence/
+    rows = [_trial_row(rec, metric_fields, scalar, metric, mode) for rec in records]
+    for row, on_front in zip(rows, pareto_marks(rows, front), strict=True):
+        row["pareto"] = on_front
+    stand_ins = _stand_ins([(metric, mode), *front] if objectives is None else objectives)
+    stand_ins.update(
+        {
+            f"{prefix}/{name}": value
+            for name, value in stand_ins.items()
+            for prefix in ("best", "before_divergence")
+        }
+    )
+    return _table(rows, _trials_schema(metric_fields, scalar), stand_ins)
+
+
+def _trials_schema(metric_fields: Sequence[pa.Field], scalar: Sequence[pa.Field]) -> pa.Schema:
+    """The trials table's columns: the trial, its config, where and how long it ran, its metrics
+    (final; the scalar ones at the best report and before divergence too)."""
+    return pa.schema(
         [
             pa.field("schema_version", pa.int32()),
             pa.field("trial_id", pa.string()),
@@ -362,60 +381,54 @@ def trials_table(
             pa.field("pareto", pa.bool_()),
             *metric_fields,
             pa.field("best_iteration", pa.int64()),
-            *(pa.field(f"best/{f.name}", f.type) for f in scalar_metric_fields),
+            *(pa.field(f"best/{f.name}", f.type) for f in scalar),
             pa.field("before_divergence_iteration", pa.int64()),
-            *(pa.field(f"before_divergence/{f.name}", f.type) for f in scalar_metric_fields),
+            *(pa.field(f"before_divergence/{f.name}", f.type) for f in scalar),
         ]
     )
-    rows = []
-    for rec in records:
-        reports = rec.reports
-        last = reports[-1] if reports else {}
-        best = max(reports, key=_objective_key(metric, mode)) if reports else {}
-        config = resolve_config(rec.config)  # Tune's params hold only what the spec sets or searches
-        row: dict[str, Any] = {
-            "schema_version": SCHEMA_VERSION,
-            "trial_id": rec.trial_id,
-            "status": rec.status(),
-            "task": config.get("task"),
-            **{name: config.get(name) for name in CONFIG_FIELDS},
-            "iteration": last.get("iteration", 0),
-            "reports": len(reports),
-            "nan_events": last.get("nan_events", 0),
-            "wall_time_s": last.get("time_total_s"),
-            "node_ip": last.get("node_ip"),
-            "started_at": _started_at(reports),
-            "ended_at": _utc(last.get("timestamp")) if rec.status() not in ("running", "pending") else None,
-            "node_id": last.get("node_id"),
-            "gpu_ids": _gpu_ids(last.get("gpu_ids")),
-            # every report made, a re-made one's first making included: a trial restarted from
-            # scratch on another node (its only checkpoint lost with the node) still counts both
-            "nodes": len({r["node_id"] for r in rec.history if r.get("node_id")}),
-            "checkpoint_path": rec.checkpoint_path,
-            "error": rec.error,
-            "retries": rec.retries,
-            "best_iteration": best.get("iteration"),
-        }
-        if last.get("device"):
-            row["device"] = last["device"]
-        for f in metric_fields:
-            row[f.name] = last.get(f.name)
-        for f in scalar_metric_fields:
-            row[f"best/{f.name}"] = best.get(f.name)
-        if row["status"] == "diverged":
-            _diverged(row, reports, metric_fields, scalar_metric_fields, metric, mode)
-        rows.append(row)
-    for row, on_front in zip(rows, pareto_marks(rows, front), strict=True):
-        row["pareto"] = on_front
-    stand_ins = _stand_ins([(metric, mode), *front] if objectives is None else objectives)
-    stand_ins.update(
-        {
-            f"{prefix}/{name}": value
-            for name, value in stand_ins.items()
-            for prefix in ("best", "before_divergence")
-        }
-    )
-    return _table(rows, schema, stand_ins)
+
+
+def _trial_row(
+    rec: TrialRecord, metric_fields: Sequence[pa.Field], scalar: Sequence[pa.Field], metric: str, mode: str
+) -> dict[str, Any]:
+    """One trial's row, less ``pareto`` (a mark among all the trials); ``scalar``: the metric
+    fields that are not lists."""
+    reports = rec.reports
+    last = reports[-1] if reports else {}
+    best = max(reports, key=_objective_key(metric, mode)) if reports else {}
+    config = resolve_config(rec.config)  # Tune's params hold only what the spec sets or searches
+    row: dict[str, Any] = {
+        "schema_version": SCHEMA_VERSION,
+        "trial_id": rec.trial_id,
+        "status": rec.status(),
+        "task": config.get("task"),
+        **{name: config.get(name) for name in CONFIG_FIELDS},
+        "iteration": last.get("iteration", 0),
+        "reports": len(reports),
+        "nan_events": last.get("nan_events", 0),
+        "wall_time_s": last.get("time_total_s"),
+        "node_ip": last.get("node_ip"),
+        "started_at": _started_at(reports),
+        "ended_at": _utc(last.get("timestamp")) if rec.status() not in ("running", "pending") else None,
+        "node_id": last.get("node_id"),
+        "gpu_ids": _gpu_ids(last.get("gpu_ids")),
+        # every report made, a re-made one's first making included: a trial restarted from
+        # scratch on another node (its only checkpoint lost with the node) still counts both
+        "nodes": len({r["node_id"] for r in rec.history if r.get("node_id")}),
+        "checkpoint_path": rec.checkpoint_path,
+        "error": rec.error,
+        "retries": rec.retries,
+        "best_iteration": best.get("iteration"),
+    }
+    if last.get("device"):
+        row["device"] = last["device"]
+    for f in metric_fields:
+        row[f.name] = last.get(f.name)
+    for f in scalar:
+        row[f"best/{f.name}"] = best.get(f.name)
+    if row["status"] == "diverged":
+        _diverged(row, reports, metric_fields, scalar, metric, mode)
+    return row
 
 
 def _gpu_ids(value: Any) -> Any:

@@ -9,16 +9,11 @@ makes the checks across fields that neither they nor the schema can express.
 
 from __future__ import annotations
 
-import ast
-import dataclasses
 import difflib
 import functools
 import importlib.util
-import inspect
-import itertools
 import json
 import re
-import textwrap
 import types
 from collections.abc import Iterable
 from typing import (
@@ -31,7 +26,6 @@ from typing import (
     Union,
     get_args,
     get_origin,
-    get_type_hints,
 )
 
 from pydantic import (
@@ -48,7 +42,7 @@ from pydantic import (
 )
 from pydantic_core import ErrorDetails
 
-from ponder.config import CONFIGS
+from ponder.config import CONFIGS, fields_of
 from study.storage import StorageError, expand_storage
 
 __all__ = [
@@ -303,47 +297,25 @@ class _Spec(_Table):
     """where the results go, how often a failed trial is retried"""
 
 
-def _field_docs(cls: type) -> dict[str, str]:
-    """The docstrings under a dataclass's fields (its bases' first), for the schema's descriptions."""
-    docs: dict[str, str] = {}
-    for klass in reversed(cls.__mro__[:-1]):
-        (node,) = ast.parse(textwrap.dedent(inspect.getsource(klass))).body
-        assert isinstance(node, ast.ClassDef)
-        for field_, doc in itertools.pairwise(node.body):
-            if (
-                isinstance(field_, ast.AnnAssign)
-                and isinstance(field_.target, ast.Name)
-                and isinstance(doc, ast.Expr)
-                and isinstance(doc.value, ast.Constant)
-                and isinstance(doc.value.value, str)
-            ):
-                docs[field_.target.id] = " ".join(doc.value.value.split())
-    return docs
-
-
 def field_types(task: str) -> dict[str, Any]:
-    """Each config field's TOML type: int, float, str, a Literal, or a list of floats."""
-    cls = CONFIGS[task]
-    hints = get_type_hints(cls)
-    out: dict[str, Any] = {}
-    for f in dataclasses.fields(cls):
-        hint = hints[f.name]
-        if isinstance(hint, types.UnionType) or get_origin(hint) is Union:  # X | None: TOML has no None
-            (hint,) = (a for a in get_args(hint) if a is not type(None))
-        out[f.name] = list[float] if get_origin(hint) is tuple else hint
-    return out
+    """Each config field's TOML type: int, float, str, a Literal, or a list of floats (TOML has no
+    None: an optional field's type is its values')."""
+    return {
+        f.name: types.GenericAlias(list, (f.item,)) if f.kind is tuple else f.type  # list[float]
+        for f in fields_of(CONFIGS[task])
+    }
 
 
 def _task_model(task: str) -> type[_Spec]:
     """The spec of one task: its ``[config]`` and ``[space]`` hold that task's config fields."""
     cls = CONFIGS[task]
-    docs, kinds = _field_docs(cls), field_types(task)
-    defaults: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(cls)}
+    kinds = field_types(task)
+    docs = {f.name: f.doc or None for f in fields_of(cls)}
     config_fields: dict[str, Any] = {}
-    for name, kind in kinds.items():
-        default = list(defaults[name]) if isinstance(defaults[name], tuple) else defaults[name]
-        least = 1 if name == "iterations" else None  # a study needs a budget
-        config_fields[name] = (kind, Field(default, description=docs.get(name), ge=least))
+    for f in fields_of(cls):
+        default = list(f.default) if isinstance(f.default, tuple) else f.default
+        least = 1 if f.name == "iterations" else None  # a study needs a budget
+        config_fields[f.name] = (kinds[f.name], Field(default, description=docs[f.name], ge=least))
     config = create_model(f"{cls.__name__}Fields", __base__=_Config, **config_fields)
     config.__doc__ = f"[config]: fixed fields of the {task} task's config (ponder.config.{cls.__name__})."
     space_fields: dict[str, Any] = {}
