@@ -1,32 +1,26 @@
 """When to ``torch.compile`` the training step, and the compile cache every trial on a machine shares.
 
-What is compiled: the forward pass and the loss together (`ponder.trainer.forward_loss`), with
-the parity GRU unrolled in plain tensor ops (`ponder.gru.gru_unroll_plain`), so Inductor fuses
-the elementwise work of every step, forward and backward. The optimiser, the gradient clip and
-evaluation stay eager.
+Compiled: the forward pass and the loss together (`ponder.trainer.forward_loss`), the parity GRU
+in plain ops (`ponder.gru.gru_unroll_plain`), so Inductor fuses every step's elementwise work,
+forward and backward; the optimiser, the gradient clip and evaluation stay eager. On CUDA the step
+is also captured in CUDA graphs (``reduce-overhead``: the training batch has one shape for a whole
+run); `CUDA_GRAPHS` turns that off for `bench/iteration_speed.py`'s comparison.
 
-Measured (CPU, parity n_elems 15, max_steps 20, batch 128, hidden 64; see `bench/iteration_speed.py`):
-about 1.3-1.4x fewer ms an iteration than eager, for 40-100 s of compile with an empty Inductor
-cache and 2-5 s with a warm one: a cold compile pays for itself only after roughly 40,000
-iterations. ``auto`` therefore stays eager on the CPU (``compile = "on"`` for a long CPU run),
-and compiles on CUDA, where a small PonderNet is mostly kernel-launch overhead: measured on an
-H200 (same shapes, 2026-11-26), 2.34 ms an iteration compiled with CUDA graphs against 5.51 ms
-eager (4.95 ms compiled without graphs), for 12.4 s of compile with an empty cache and 1.6 s
-with a warm one: a cold compile pays for itself after about 4,000 iterations. ``auto`` never depends on the
-run's length: a run and its resume to another budget must compute the same numbers (compiled
-and eager agree only to float rounding).
+``auto`` compiles on CUDA only (`bench/iteration_speed.py`, parity n_elems 15, max_steps 20,
+batch 128, hidden 64; docs/ponder.md):
 
-On CUDA the compiled step is also captured in CUDA graphs (Inductor's ``reduce-overhead`` mode):
-the training batch has one shape for a whole run, so each iteration replays the recorded kernels
-in one launch instead of launching each of them from Python. `CUDA_GRAPHS` turns that off, for
-`bench/iteration_speed.py`'s comparison.
+- CPU: about 1.3-1.4x faster than eager for 40-100 s of cold compile (2-5 s warm): it pays for
+  itself only after roughly 40,000 iterations (``compile = "on"`` for a long CPU run).
+- CUDA (H200): 2.34 ms an iteration with CUDA graphs against 5.51 ms eager (4.95 ms compiled
+  without graphs), for 12.4 s of cold compile (1.6 s warm): it pays after about 4,000 iterations.
 
-The cache: Inductor's FX graph cache and AOTAutograd cache (both on by default in torch 2.13)
-live under ``TORCHINDUCTOR_CACHE_DIR``. `share_compile_cache` points it at one directory per
-machine, so a trial with another lambda_p or beta loads the kernels an earlier trial compiled
-(lambda_p and beta enter the compiled graph as tensors, not as constants). Shapes (batch size,
-max_steps, n_hidden) and the number of torch threads are part of the cache key: each new
-combination compiles afresh.
+``auto`` never depends on the run's length: a run and its resume to another budget must compute
+the same numbers (compiled and eager agree only to float rounding).
+
+The cache: Inductor's FX graph and AOTAutograd caches (on by default in torch 2.13) live under
+``TORCHINDUCTOR_CACHE_DIR``; `share_compile_cache` points it at one directory per machine, so a
+trial with another lambda_p or beta (tensor inputs, not constants) loads the kernels an earlier
+trial compiled. Shapes (batch size, max_steps, n_hidden) and torch's thread count are in the key.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """Temporary files for atomic writes, with the permissions a plain ``open`` would give them.
 
 A file written whole to a temporary name and renamed into place is never seen torn. But
-``tempfile.mkstemp`` creates its file readable by its owner alone (0600), so every file written
-that way kept that mode: a study's Parquet, spec and checkpoints on a shared disk that the rest
-of a group could not read, where pandas or ``torch.save`` would have written them 0644.
+``tempfile.mkstemp`` creates its file readable by its owner alone (0600), and the rename keeps
+that mode; `temporary_beside` gives it the mode ``open`` would (0666 less the umask), so a
+study's Parquet, spec and checkpoints on a shared disk stay readable by its group.
 """
 
 from __future__ import annotations

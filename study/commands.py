@@ -14,9 +14,9 @@ PROG = "ponder-study"
 
 def command_name() -> str:
     """How the user's shell reaches this command, for the command lines printed to paste:
-    ``ponder-study`` when ``$PATH`` finds this script, else the script's path (a bare name run
-    from ``.venv/bin/`` without the venv activated answered "command not found"), relative to
-    the working directory when that is shorter. Run another way (``python -m study``), the name."""
+    ``ponder-study`` when ``$PATH`` finds this script, else the script's path (a venv not
+    activated puts no ``ponder-study`` on ``$PATH``), relative to the working directory when
+    that is shorter. Run another way (``python -m study``), the name."""
     script = sys.argv[0] if sys.argv else ""
     if os.path.basename(script) != PROG or os.sep not in script or not os.path.isfile(script):
         return PROG

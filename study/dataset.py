@@ -1,21 +1,16 @@
 """One schema for the whole ``trials/`` (and ``history/``) dataset, whatever studies it holds.
 
-Every reader of a directory of Parquet files takes its columns from one file: pandas and
-``pyarrow.dataset`` from the first in sort order (a later file's extra columns are dropped),
-DuckDB too unless told ``union_by_name``, and polars refuses files that differ (SchemaError).
-None of them reads a ``_common_metadata`` file on its own (measured, pyarrow 26, polars 2.1,
-DuckDB 2.0: see ``docs/parquet.md``). So the only layout every plain one-liner reads whole is
-one where every study's file has the same columns in the same order.
+Readers of a directory of Parquet files take their columns from one file: pandas and
+``pyarrow.dataset`` from the first in sort order, DuckDB too unless told ``union_by_name``, and
+polars refuses files that differ; none reads ``_common_metadata`` on its own (pyarrow 26, polars
+2.1, DuckDB 2.0: ``docs/parquet.md``). So every file of the dataset has the same columns in the
+same order: the union of every column any study has written, kept in
+``<dataset>/_common_metadata`` (a footer without rows; readers skip names starting with ``_``).
 
-The dataset's schema is kept in ``<dataset>/_common_metadata`` (a Parquet footer without rows;
-readers skip files whose name starts with ``_``): the union of every column any study has
-written. A study writes its table with exactly that schema (columns it lacks as nulls); when its
-table brings new columns (an evaluation set no other study has, ``rot30/...``), it extends the
-schema file and adds the new columns, as nulls, to every other study's file, each under that
-study's lease (`study.lease.hold_lease`): a study whose lease is held (its driver is running)
-is left to add them at its own next write, which reads the schema file first. A study's folder
-holds its compacted file and one fragment per trial that ended since (`study.storage`): each
-file has the dataset's schema, and a widening widens every one of them.
+A study writes each of its files (its compacted file, one fragment per trial ended since) with
+that schema, a column it lacks as nulls. A table with new columns extends the schema file and
+adds them, as nulls, to every other file: another study's under that study's lease
+(`study.lease.hold_lease`), or, while its driver holds the lease, at that driver's next write.
 """
 
 from __future__ import annotations

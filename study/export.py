@@ -214,12 +214,10 @@ def write_tables(
 class LiveParquet:
     """The study's Parquet while it runs, at a cost per trial that does not grow with the study.
 
-    An ended trial's rows are final: they are built from its own files once, when it ends, and
-    written as its fragment of each table (`StudyPaths.fragment`), history first; nothing else is
-    rewritten, except the ``pareto`` mark of a trial the new one pushes off the front (the front
-    is kept here: a trial off it stays off when another is added). What is read once per driver:
-    the study's history and Pareto front as the Parquet holds them. The end of the run compacts
-    (`write_tables`)."""
+    An ended trial's rows are built once from its own files and written as its fragment of each
+    table (`StudyPaths.fragment`), history first. Nothing else is rewritten but the ``pareto``
+    mark of a trial the new one pushes off the front (kept here: once off, a trial stays off).
+    The Parquet's history and front are read once per driver; the run's end compacts (`write_tables`)."""
 
     def __init__(self, paths: StudyPaths, spec: StudySpec) -> None:
         self.paths, self.spec = paths, spec
@@ -336,9 +334,8 @@ def _empty_superseded_checkpoints(trial: Trial, keep: str) -> None:
 
 class ParquetCallback(Callback):
     """Writes each trial's Parquet rows as it ends (`LiveParquet`), frees an ended trial's superseded
-    checkpoints, and keeps a retried trial's reports. The trial's end record was written before
-    (by the scheduler, which Tune tells of an end first), so a kill at any point here loses
-    nothing that a resume or ``export`` does not rebuild."""
+    checkpoints, and keeps a retried trial's reports. The scheduler, which Tune tells of an end
+    first, has already written the end record, so a kill here loses nothing ``export`` cannot rebuild."""
 
     def __init__(self, paths: StudyPaths, spec: StudySpec) -> None:
         self.paths = paths
@@ -349,7 +346,7 @@ class ParquetCallback(Callback):
         return {**self.__dict__, "_live": None}  # Tune pickles callbacks; the cache is rebuilt
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        state.pop("_cache", None)  # pickled by a driver before issue 15
+        state.pop("_cache", None)  # an older callback's ExportCache: not restored
         self.__dict__.update({"_live": None, **state})
 
     def rebind(self, paths: StudyPaths, spec: StudySpec) -> None:
@@ -382,10 +379,9 @@ class ParquetCallback(Callback):
 def _push_reports_before_retry(trial: Trial) -> None:
     """Copy a failed trial's ``result.json`` from the driver to the storage before Tune retries it.
 
-    Tune starts a retried trial by copying ``result.json`` back from the storage over the
-    driver's copy (``JsonLoggerCallback._restore_from_remote``). The storage copy lags by one
-    sync, so without this the reports made since then vanish from the trial's history, among
-    them the one whose checkpoint the retry goes on from (seen after a lost node: 100, then 300)."""
+    Tune starts a retry by copying the storage's ``result.json`` over the driver's
+    (``JsonLoggerCallback._restore_from_remote``); the storage copy lags by one sync, so this
+    keeps the reports made since, among them the one whose checkpoint the retry goes on from."""
     if not has_directory(trial) or trial.storage is None or not trial.local_path:
         return
     local = Path(trial.local_path, "result.json")
@@ -400,9 +396,8 @@ def _push_reports_before_retry(trial: Trial) -> None:
 
 
 class _TuneTrials(tune.ExperimentAnalysis):
-    """Tune's experiment on disk, its trials only: `ExperimentAnalysis` also reads every trial's
-    ``result.json`` into a DataFrame, which the export never uses (it reads the reports itself):
-    4.5 of the 16 s an export of a 2,000-trial study took."""
+    """Tune's experiment on disk, its trials only: skips `ExperimentAnalysis`'s DataFrame of every
+    trial's ``result.json``, which the export never uses (4.5 s of 16 s at 2,000 trials)."""
 
     def _fetch_trial_dataframes(self) -> dict[str, Any]:
         return {}

@@ -1,24 +1,16 @@
 """Which searched field mattered for the objective: Optuna's fANOVA importance, from the journal.
 
-The study's Optuna journal (``studies/<name>/optuna.journal``, on an object store the copy the
-driver pushes there) holds every trial Optuna asked for, with its parameters and, once it ended,
-its value. `importances` reads it without a lock and without writing (an in-memory, read-only
-journal backend: a running study's journal may be read at any time, a torn last line is left
-out) and asks Optuna's `FanovaImportanceEvaluator` how much of the objective's variance each
-searched field explains, one result per objective for a multi-objective spec.
+`importances` reads the study's Optuna journal (on an object store, the copy the driver pushes)
+through an in-memory, read-only backend: a running study's journal is read without its lock, a
+torn last line left out. One result per objective.
 
-Which trials count: those Optuna holds COMPLETE. That is every trial that reached its budget and
-every trial ASHA stopped, at the value it was stopped on (a lower budget: Tune tells Optuna the
-last report of a stopped trial, and TPE learned from that same value). Diverged trials (Optuna
-FAIL), errored and running trials (Optuna RUNNING) are left out: they have no value.
-
-Why fANOVA, seeded: on small studies it finds a real effect where PED-ANOVA does not. Measured
-with ``bench/importance_trials.py`` (synthetic studies of the smoke spec's four fields, one of
-which moves the objective): fANOVA ranks that field first in 29 of 30 studies of 6 trials (19
-of 4), PED-ANOVA in 16 of 30 of 6 trials and 24 of 30 of 24 (its top-10 % quantile holds one
-or two trials). Hence `MIN_TRIALS`. fANOVA's random forest is seeded (`SEED`), so a study's
-importance reads the same every time; it grows slow past about a thousand trials (why
-optuna-fast-fanova exists).
+- Trials counted: those Optuna holds COMPLETE, i.e. every trial that reached its budget and every
+  trial ASHA stopped, at the value it stopped on (the value TPE learned from). Diverged, errored
+  and running trials have no value.
+- Why fANOVA: on small studies it finds a real effect where PED-ANOVA does not
+  (``bench/importance_trials.py``: the one field that moves the objective ranked first in 29 of
+  30 studies of 6 trials, against 16 of 30), hence `MIN_TRIALS`. Its random forest is seeded
+  (`SEED`), so the same journal reads the same; it grows slow past about a thousand trials.
 """
 
 from __future__ import annotations

@@ -2,10 +2,10 @@
 
 Optuna's journal needs a file lock, which object stores lack, so the driver keeps it on its own
 disk (`study.storage.journal_cache`) and copies it to ``studies/<name>/optuna.journal`` for a
-resume from another machine. Copied whole at every trial end, that copy cost more per trial as
-the study grew (``bench/driver_scale.py --s3``: the largest part of a trial end's cost, 132 ms
-at 100 trials and 276 ms at 500). The journal only grows, so a trial end now uploads only the
-lines written since the last upload, as one part named by its byte offset::
+resume from another machine. A whole copy at every trial end would cost more per trial as the
+study grows (``bench/driver_scale.py --s3``: 132 ms at 100 trials, 276 ms at 500). The journal
+only grows, so a trial end uploads only the lines written since the last upload, as one part
+named by its byte offset::
 
     studies/<name>/optuna.journal                      the whole journal when a driver last ended
     studies/<name>/optuna.journal.parts/<offset>       the lines from byte <offset> on, as they came

@@ -8,7 +8,6 @@ draws one row per trial: running ones at their latest report, ended ones with ho
 
 A trial with a directory but no end record is shown ``running``, with how long ago it last
 reported: a trial whose driver was stopped looks the same, but its last report grows old.
-Tune's TBX logger writes the same reports as TensorBoard event files into the same directories.
 """
 
 from __future__ import annotations

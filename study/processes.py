@@ -3,8 +3,8 @@
 A local Ray instance is a tree under the driver: GCS, raylet, the raylet's agents
 (``ray::DashboardAgent``, ``ray::RuntimeEnvAgent``) and workers. ``ray.shutdown()`` stops the
 ones Ray tracks, but an agent whose raylet is stopped while Ray is still starting (a Ctrl-C in
-the first seconds) has been seen alive 45 s later, holding memory and the terminal's process
-group. Linux only (``/proc``); elsewhere nothing is found and nothing is stopped.
+the first seconds) can outlive the driver, holding memory and the terminal's process group.
+Linux only (``/proc``); elsewhere nothing is found and nothing is stopped.
 
 Such an agent can also be started by its raylet a moment after the driver listed its processes,
 and then orphaned when the raylet stops: `set_subreaper` makes the driver the parent of every

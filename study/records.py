@@ -1,17 +1,15 @@
 """A study's own record of how each trial ended: the truth a resume and every reader trust.
 
-Tune's saved experiment state is a cache that lags: it is written every few seconds and
-before each new trial, so a driver killed at the wrong instant leaves it holding a trial as
-pending or running that had in fact ended. One end record per trial,
-``studies/<name>/ended/<trial_id>.json``, is written the moment a trial ends (by the study's
-scheduler, which Tune tells of an end before the searcher and the callbacks), after the trial's
-reports are saved, and never replaced (create-if-absent). It holds everything a resume needs to
-replay the end into Tune, Optuna and ASHA, and a reader to show the trial: its outcome, its
-config, its last report and its final checkpoint (relative to the storage root, so the record
-stays true when the study is copied or moved).
+Tune's saved experiment state lags (saved every few seconds and before each new trial), so after
+a kill it can hold as pending or running a trial that had ended. One end record per trial,
+``studies/<name>/ended/<trial_id>.json``, is written the moment the trial ends (by the study's
+scheduler, which Tune tells before the searcher and the callbacks), after its reports are saved,
+and never replaced (create-if-absent). It holds what a resume needs to replay the end into Tune,
+Optuna and ASHA, and a reader to show the trial: outcome, config, last report and final
+checkpoint (relative to the storage root, so it stays true when the study is copied or moved).
 
-Studies started before end records existed kept ``ended.json`` (trial id -> checkpoint) and
-ASHA's stops in ``asha.json``; `read_end_records` reads those too.
+Studies started before end records keep ``ended.json`` (trial id -> checkpoint) and ASHA's stops
+in ``asha.json``; `read_end_records` reads those too.
 """
 
 from __future__ import annotations
@@ -113,9 +111,8 @@ def has_ended(paths: StudyPaths, trial_id: str) -> bool:
     """Whether the trial ended for good: what the trainable checks before it trains."""
     if read_bytes(paths.end_record(trial_id)) is not None:
         return True
-    # a stop from before end records is in asha.json itself (then written whole); a later stop
-    # has its end record, written before the stop is saved: the changes saved since (a log, or
-    # on an object store up to FOLD_EVERY objects) need not be read at every trial's start
+    # a study from before end records keeps its stops in asha.json itself; a later stop has an
+    # end record, so ASHA's change log (or FOLD_EVERY objects) need not be read at every start
     legacy_stopped = (read_json(paths.asha) or {}).get("stopped", [])
     return trial_id in (read_json(paths.ended) or {}) or trial_id in legacy_stopped
 

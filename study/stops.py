@@ -33,11 +33,11 @@ __all__ = [
 ]
 
 RAY_CRASH_HANDLER_OFF = "RAY_DISABLE_FAILURE_SIGNAL_HANDLER"
-"""Ray's C++ crash handler (absl's) also takes SIGTERM, and ``ray.shutdown()`` removes it by
-setting SIGTERM back to "die at once", under the driver's own handler: a `kill` in the driver's
-last second (~1 s while Ray's processes stop) ended it with exit 143, its summary unprinted. Set
-here for the driver only (read when Ray is imported); `study.runner` takes it back out before
-Ray starts its processes, so trials keep the crash handler."""
+"""Turns off Ray's C++ crash handler (absl's) in the driver. It also takes SIGTERM, and
+``ray.shutdown()`` removes it by setting SIGTERM back to "die at once" over the driver's own
+handler, so a SIGTERM while Ray's processes stop (~1 s) would exit 143 before the summary. Read
+when Ray is imported; `study.runner` takes it back out before Ray starts its processes, so
+trials keep the crash handler."""
 
 _set_here = False
 
@@ -68,12 +68,10 @@ def _as_ctrl_c(signum: int, frame: object) -> None:
 
 
 def _quiet_when_a_stop_was_swallowed(unraisable: sys.UnraisableHookArgs) -> None:
-    """Python prints an exception it cannot raise ("Exception ignored in ...", a traceback):
-    a stop that lands in an at-fork hook (logging's, while Ray forks its processes) or in a
-    finaliser is one. That stop is not lost, `raise_a_swallowed_stop` raises it again at the
-    driver's next phase, so its traceback would only be noise on a clean exit 130 (seen in a
-    suite run: a Ctrl-C 3 s into `run`). The same goes for the ``SystemExit(15)`` of the SIGTERM
-    handler that ``ray.init`` installs while it runs: it is remembered as a stop here. Any other
+    """Silence the "Exception ignored in ..." traceback of a stop raised where Python cannot raise
+    it (an at-fork hook while Ray forks, a finaliser): `raise_a_swallowed_stop` raises it again at
+    the driver's next phase, so the traceback would be noise on a clean exit 130. The
+    ``SystemExit(15)`` of ``ray.init``'s SIGTERM handler is remembered as a stop too. Any other
     exception is printed as Python would."""
     global _stop_asked
     if isinstance(unraisable.exc_value, SystemExit) and unraisable.exc_value.code == signal.SIGTERM:
@@ -94,10 +92,9 @@ def install_stop_handlers() -> None:
 def raise_a_swallowed_stop() -> None:
     """Raise again a stop (Ctrl-C, SIGTERM, SIGHUP) that came but did not end the command.
 
-    A stop raises KeyboardInterrupt wherever the driver is; code that catches every exception
-    around its own imports or start-up would swallow it (seen once in three suite runs under load:
-    a Ctrl-C 3 s into `run` was lost and the study ran to its end). The driver calls this between
-    its phases (imports, Ray's start, Tune's run), so a stop is never lost for long."""
+    Code that catches every exception around its imports or start-up can swallow the
+    KeyboardInterrupt; the driver calls this between its phases (imports, Ray's start, Tune's
+    run), so a stop is never lost for long."""
     if _stop_asked:
         raise KeyboardInterrupt
 
@@ -119,19 +116,15 @@ def restore_stop_handlers(handlers: dict[int, Any]) -> None:
 def stops_held_while_ray_starts() -> Iterator[None]:
     """While ``ray.init`` runs, a SIGTERM or SIGHUP still stops the study as Ctrl-C does.
 
-    - SIGHUP: Ray's local processes (GCS, raylet) start in the driver's process group, and a
-      closed terminal's SIGHUP would kill them before the driver could save the study. They must
-      inherit an ignored SIGHUP, so the driver ignores it meanwhile, and also blocks it: Linux
-      keeps a blocked signal pending even when ignored, so one that came is delivered to the
-      driver's own handler once that is back, instead of being lost (the study ran on, the
-      terminal gone).
-    - SIGTERM: ``ray.init`` first installs a handler that exits 15 at once, nothing saved or
-      said. Its ``SystemExit(15)`` becomes a KeyboardInterrupt, as Ctrl-C. That exception can
-      also be lost inside ``ray.init``: raised where Python cannot raise it (an at-fork hook while
-      Ray forks a process, a finaliser), or caught by Ray. Seen once in CI: a SIGTERM sent as the
-      GCS started, and the study ran to its end with exit 0. So the signal itself is recorded
-      too, by Python's wakeup fd (every signal with a Python handler writes its number there,
-      whatever the handler does), and a SIGTERM found there stops the study once Ray is up."""
+    - SIGHUP: Ray's local processes (GCS, raylet) start in the driver's process group and must
+      inherit an ignored SIGHUP, or a closed terminal would kill them before the study is saved.
+      The driver ignores it meanwhile and also blocks it: Linux keeps a blocked signal pending
+      even when ignored, so one that came reaches the driver's handler once that is back.
+    - SIGTERM: ``ray.init`` installs a handler that exits 15 at once; its ``SystemExit(15)``
+      becomes a KeyboardInterrupt. That exception can be lost inside ``ray.init`` (raised in an
+      at-fork hook or a finaliser, or caught by Ray), so the signal is also recorded through
+      Python's wakeup fd, which no handler can swallow, and a SIGTERM found there stops the
+      study once Ray is up."""
     if threading.current_thread() is not threading.main_thread():
         yield  # signals reach the main thread only, and Ray sets no handler from another thread
         return

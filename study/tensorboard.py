@@ -27,16 +27,15 @@ __all__ = ["ScalarTensorBoard", "import_tensorboardx_without_torch"]
 
 
 def import_tensorboardx_without_torch() -> None:
-    """Import tensorboardX, which Tune's TensorBoard logger uses to write every trial's event
-    files, with torch hidden: tensorboardX imports torch only to accept torch tensors, which
-    the driver never logs, and treats its absence as normal. The driver is spared loading torch
-    (about 1.5 s of CPU and 300 MB per `run` or `resume`); torch stays importable afterwards."""
+    """Import tensorboardX with torch hidden: it imports torch only to accept torch tensors, which
+    the driver never logs, and treats its absence as normal. Spares the driver loading torch
+    (about 1.5 s of CPU and 300 MB); torch stays importable afterwards."""
     if "tensorboardX" in sys.modules or "torch" in sys.modules:
         return
     sys.modules["torch"] = None  # type: ignore[assignment]  # `import torch` raises ImportError
     try:
         import tensorboardX  # noqa: F401
-    except ImportError:  # not installed: Tune then writes no event files, as before
+    except ImportError:  # not installed: Tune then writes no event files
         pass
     finally:
         del sys.modules["torch"]
@@ -78,14 +77,11 @@ class _EventFile:
 class ScalarTensorBoard(TBXLoggerCallback):
     """Tune's TensorBoard logger, scalars only, one event per report, written in the driver's thread.
 
-    A list-valued metric (per-step accuracy, the halting distribution) is left out instead of
-    drawn as a histogram: a histogram of such a list bins its values and loses the step they
-    belong to (the lists are in the history Parquet and the report). A report's ~40 scalars go
-    into one event (one TensorBoard ``Summary`` with a value per tag, the tags Tune gives them)
-    instead of one each, and the events go straight to the file (`_EventFile`): tensorboardX
-    hands every event to a writer thread through a ``multiprocessing.Queue``, which cost the
-    driver about 2 ms a report against 0.3 ms for the one event (bench/driver_scale.py,
-    docs/parquet.md). Trial start and end (the HParams summary included) are Tune's."""
+    List-valued metrics (per-step accuracy, the halting distribution) are left out: a histogram
+    would lose the step each value belongs to (they are in the history Parquet). A report's ~40
+    scalars go into one ``Summary`` under Tune's tags, written straight to the file (`_EventFile`):
+    about 0.3 ms a report against 2 ms through tensorboardX's writer thread
+    (bench/driver_scale.py, docs/parquet.md). Trial start and end (HParams included) are Tune's."""
 
     _SKIPPED = frozenset({"config", "pid", "timestamp", TIME_TOTAL_S, TRAINING_ITERATION})
     """Keys Tune's logger leaves out of TensorBoard."""
