@@ -21,7 +21,7 @@ from typing import Any
 
 from study.commands import command_name
 from study.spec import Dimension, StudySpec, load_spec
-from study.storage import StudyPaths
+from study.storage import StudyPaths, has_scheme
 
 __all__ = ["Estimate", "asha_milestones", "check_spec", "least_trial_iterations", "measure", "trials_at_once"]
 
@@ -37,12 +37,35 @@ def check_spec(spec_arg: str, storage: str | None = None, *, estimate: bool = Tr
     if spec.config:
         fixed = ", ".join(f"{k}={v!r}" for k, v in spec.config.items())
         lines.append(f"  fixed: {fixed}")
+    budget, least = _budget(spec)
+    lines += ["", *budget]
 
+    cpus, gpus = os.cpu_count() or 1, _gpu_count()
+    res = spec.resources
+    fit = trials_at_once(spec.search.max_concurrent, res.cpu, res.gpu, cpus, gpus)
+    lines += [
+        "",
+        f"resources per trial: {res.cpu:g} CPU, {res.gpu:g} GPU",
+        f"trials at once: at most {spec.search.max_concurrent} (max_concurrent); this machine "
+        f"({cpus} CPUs, {gpus} GPUs) fits {fit}"
+        + ("" if fit else " (a cluster runs it: ponder-study run --address ...)"),
+    ]
+    lines += ["", *_results(spec), ""]
+    if not estimate:
+        lines.append("wall time: not estimated (--no-estimate)")
+    else:
+        lines += _wall_time(spec, fit, least)
+    return "\n".join(lines)
+
+
+def _budget(spec: StudySpec) -> tuple[list[str], int]:
+    """The trial count and the budget in trial-iterations, in lines, and the least ASHA could cut
+    the budget to (the budget itself without ASHA)."""
     n, iters = spec.search.num_samples, spec.iterations
     how = f"{spec.search.sampler} sampler, seed {spec.search.seed}"
     if spec.search.sampler == "grid":
         how = "grid: " + " x ".join(f"{len(d.values or ())} {d.name}" for d in spec.space) + " values"
-    lines += ["", f"trials: {n} ({how})"]
+    lines = [f"trials: {n} ({how})"]
     full = n * iters
     lines.append(f"budget: {n} trials x {iters:,} iterations = {full:,} trial-iterations")
     least = full
@@ -62,22 +85,14 @@ def check_spec(spec_arg: str, storage: str | None = None, *, estimate: bool = Tr
             )
     else:
         lines.append(f"  no ASHA ({len(spec.objectives)} objectives): every trial runs its whole budget")
+    return lines, least
 
-    cpus, gpus = os.cpu_count() or 1, _gpu_count()
-    res = spec.resources
-    fit = trials_at_once(spec.search.max_concurrent, res.cpu, res.gpu, cpus, gpus)
-    lines += [
-        "",
-        f"resources per trial: {res.cpu:g} CPU, {res.gpu:g} GPU",
-        f"trials at once: at most {spec.search.max_concurrent} (max_concurrent); this machine "
-        f"({cpus} CPUs, {gpus} GPUs) fits {fit}"
-        + ("" if fit else " (a cluster runs it: ponder-study run --address ...)"),
-    ]
 
+def _results(spec: StudySpec) -> list[str]:
+    """Where the study's files would go, and whether a study of that name is there already."""
     paths = StudyPaths(spec.run.storage, spec.name)
-    root = spec.run.storage if "://" in spec.run.storage else os.path.abspath(spec.run.storage)
-    lines += [
-        "",
+    root = spec.run.storage if has_scheme(spec.run.storage) else os.path.abspath(spec.run.storage)
+    lines = [
         f"results under {root}:",
         f"  study records  {paths.study_dir}",
         f"  Tune           {paths.experiment}",
@@ -91,16 +106,18 @@ def check_spec(spec_arg: str, storage: str | None = None, *, estimate: bool = Tr
         )
     else:
         lines.append(f"  no study named {spec.name!r} there yet: `run` starts it")
+    return lines
 
-    lines.append("")
-    if not estimate:
-        lines.append("wall time: not estimated (--no-estimate)")
-        return "\n".join(lines)
+
+def _wall_time(spec: StudySpec, fit: int, least: int) -> list[str]:
+    """The wall-time estimate in lines, from iterations timed here (`measure`), ``fit`` trials at
+    once; ``least`` trial-iterations is the budget ASHA could cut to."""
+    n, iters = spec.search.num_samples, spec.iterations
+    full = n * iters
     try:
         e = measure(spec)
     except Exception as exc:  # the estimate is a courtesy: a task it cannot build here is no spec error
-        lines.append(f"wall time: no estimate ({type(exc).__name__}: {' '.join(str(exc).split())[:200]})")
-        return "\n".join(lines)
+        return [f"wall time: no estimate ({type(exc).__name__}: {' '.join(str(exc).split())[:200]})"]
     per_trial_evals = math.ceil(iters / spec.eval_interval)
     at_once = max(fit, 1)
 
@@ -108,17 +125,17 @@ def check_spec(spec_arg: str, storage: str | None = None, *, estimate: bool = Tr
         evals = per_trial_evals * n * trial_iterations / full
         return (trial_iterations * e.s_per_iteration + evals * e.s_per_evaluation) / at_once
 
-    lines.append(
+    lines = [
         f"wall time, an ESTIMATE: {e.s_per_iteration * 1e3:.1f} ms an iteration and "
         f"{e.s_per_evaluation * 1e3:.0f} ms an evaluation, measured here on {e.device} "
         f"({e.iterations} iterations at {e.at}, {e.threads} thread(s), eager)"
-    )
+    ]
     span = f"{_duration(wall(full))}" + (f" (ASHA at best: {_duration(wall(least))})" if least < full else "")
     lines.append(f"  {n} trials, {at_once} at once: about {span} of training and evaluation")
     lines.append("  not counted: Ray's start (~10 s), per-trial set-up, other load on the machine")
-    if res.gpu > 0 and e.device == "cpu":
+    if spec.resources.gpu > 0 and e.device == "cpu":
         lines.append("  the trials ask for GPUs and none is here: on a GPU they run at another speed")
-    return "\n".join(lines)
+    return lines
 
 
 def asha_milestones(grace: int, max_t: int, factor: float, brackets: int = 1) -> list[int]:

@@ -76,6 +76,7 @@ from study.tensorboard import (
     import_tensorboardx_without_torch,
 )
 from study.trainable import fault_iteration, train_trial
+from study.tune_logs import one_line_logs
 from study.tune_state import merge_started_trials, prune_old_states, restorable
 
 # Tune pickles the run config into tuner.pkl, and a pickle names a class by its module: a study
@@ -449,60 +450,6 @@ def _replay(controller: Any, trials: list[Trial], spec: StudySpec, paths: StudyP
     ray_private.set_trial_count(search_alg, spec.search.num_samples, len(known | set(ends)))
 
 
-FULL_RECORD = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
-
-
-class _TracebacksToFile(logging.Filter):
-    """Ray's and Tune's log records reach the terminal as their first line; the whole record,
-    traceback included, goes to a log file (a failed trial's traceback is also in its error.txt)."""
-
-    def __init__(self, path: Path) -> None:
-        super().__init__()
-        self.path = path
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        text = record.getMessage()
-        if not record.exc_info and "\n" not in text.strip():
-            return True
-        with contextlib.suppress(OSError):
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            with self.path.open("a") as f:
-                f.write(
-                    logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s").format(record) + "\n"
-                )
-        first = text.strip().splitlines()[0] if text.strip() else record.levelname
-        record.msg, record.args, record.exc_info, record.exc_text = (
-            f"{first} (details in {self.path})",
-            None,
-            None,
-            None,
-        )
-        return True
-
-
-def _log_dir(paths: StudyPaths) -> Path:
-    if is_shared(paths.root) and "://" in paths.root and not paths.root.startswith("file://"):
-        return Path(paths.optuna_journal).parent / "logs"
-    return Path(resolve(paths.study_dir)[1]) / "logs"
-
-
-@contextlib.contextmanager
-def _one_line_logs(paths: StudyPaths) -> Iterator[None]:
-    """Keep tracebacks Ray and Tune log off the terminal for the length of a study."""
-    from datetime import UTC, datetime
-
-    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-    keep = _TracebacksToFile(_log_dir(paths) / f"tune-{stamp}-{os.getpid()}.log")
-    handlers = [*logging.getLogger("ray").handlers, *logging.getLogger().handlers]
-    for h in handlers:
-        h.addFilter(keep)
-    try:
-        yield
-    finally:
-        for h in handlers:
-            h.removeFilter(keep)
-
-
 @contextlib.contextmanager
 def _replaying_records(spec: StudySpec, paths: StudyPaths) -> Iterator[None]:
     """Run `_replay` inside Tune's restore, between loading the saved trials and queueing them
@@ -565,7 +512,7 @@ def _fit(
     try:
         if tuner is not None:
             raise_a_swallowed_stop()  # before Tune takes Ctrl-C over (its own handler)
-            with _replaying_records(spec, paths), _one_line_logs(paths):
+            with _replaying_records(spec, paths), one_line_logs(paths):
                 tuner.fit()  # the Parquet written by the callback is the result
     except BaseException:
         failed = True

@@ -72,7 +72,6 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import itertools
-import json
 import math
 import re
 import tomllib
@@ -100,6 +99,7 @@ from study.spec_models import (
     schema_text,
     toml_key,
 )
+from study.spec_toml import to_toml, toml_value
 
 __all__ = [
     "NAME_PATTERN",
@@ -290,10 +290,10 @@ class StudySpec:
         changes: list[str] = []
         if num_samples is not None and num_samples != self.search.num_samples:
             doc.setdefault("search", {})["num_samples"] = num_samples
-            changes.append(f"num_samples = {_toml_value(num_samples)}")
+            changes.append(f"num_samples = {toml_value(num_samples)}")
         if storage is not None and storage != self.run.storage:
             doc.setdefault("run", {})["storage"] = storage
-            changes.append(f"storage = {_toml_value(storage)}")
+            changes.append(f"storage = {toml_value(storage)}")
         if not changes:
             return dataclasses.replace(self, name=new_name)
         header = list(itertools.takewhile(lambda line: line.startswith("#"), self.source.splitlines()))
@@ -584,39 +584,3 @@ def check_name(name: Any, key: str) -> None:
             f"study name is {len(name)} characters long, at most {MAX_NAME_LENGTH} fit (it becomes the "
             "folder name study=<name>, and a file name holds 255 bytes); give a shorter --name",
         )
-
-
-# -- writing TOML (for overrides) ---------------------------------------------------------------
-
-
-def to_toml(doc: Mapping[str, Any], prefix: str = "") -> str:
-    """TOML text for a parsed spec document (``tomllib.loads(spec.source)``, edited): scalars
-    first, then each table under its header."""
-    lines = [f"{toml_key(k)} = {_toml_value(v)}" for k, v in doc.items() if not isinstance(v, dict)]
-    out = "\n".join(lines) + ("\n" if lines else "")
-    for key, value in doc.items():
-        if isinstance(value, dict):
-            header = f"{prefix}{toml_key(key)}"
-            body = to_toml(value, header + ".")
-            if any(not isinstance(v, dict) for v in value.values()) or not value:
-                out += f"\n[{header}]\n"
-            out += body
-    return out
-
-
-def _toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, float):
-        return (
-            repr(value)
-            if math.isfinite(value)
-            else ("nan" if math.isnan(value) else f"{'-' if value < 0 else ''}inf")
-        )
-    if isinstance(value, str):
-        return json.dumps(value, ensure_ascii=False)
-    if isinstance(value, list | tuple):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
-    raise TypeError(f"cannot write {value!r} as TOML")

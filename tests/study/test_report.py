@@ -389,7 +389,8 @@ def _seeded_study(storage: Path, name: str) -> None:
 
 
 def test_a_study_that_repeats_configurations_shows_means_and_intervals_over_seeds(tmp_path: Path) -> None:
-    from study.report import _load, _sensitivity
+    from study.report import _load
+    from study.report_plots import _sensitivity
 
     _seeded_study(tmp_path, "seeded")
     report = write_report("seeded", str(tmp_path), out=str(tmp_path / "report"))
@@ -425,7 +426,8 @@ def test_a_study_that_repeats_configurations_shows_means_and_intervals_over_seed
 
 
 def test_a_study_without_repeated_seeds_keeps_the_range_per_lambda_p(tmp_path: Path) -> None:
-    from study.report import _load, _sensitivity
+    from study.report import _load
+    from study.report_plots import _sensitivity
 
     _mnist_study(tmp_path, "digits", n_trials=3)  # two trials share a lambda_p, no seed searched
     report = write_report("digits", str(tmp_path), out=str(tmp_path / "report"))
