@@ -5,6 +5,8 @@ cluster): the K best trials of the earlier study, by its own objective (`ranked_
 enqueued in the new study's Optuna study (``enqueue_trial``) before it samples anything. Only
 the fields the new spec searches are carried. A trial with a value outside the new space is
 skipped (`WarmStart.note` says how many and what to widen); none left is refused.
+`read_warm_start` reads the earlier study from its storage; `WarmStart.lines` are what
+``run --warm-start`` prints before the study starts.
 """
 
 from __future__ import annotations
@@ -15,10 +17,14 @@ from typing import Any
 
 import pandas as pd
 
+from study.commands import command_name
+from study.hints import count
 from study.parquet import ranked_trials
+from study.records import load_study_spec
 from study.spec import Dimension, StudySpec
+from study.storage import read_study_table
 
-__all__ = ["WarmStart", "WarmStartError", "warm_start_points"]
+__all__ = ["WarmStart", "WarmStartError", "read_warm_start", "warm_start_points"]
 
 
 class WarmStartError(ValueError):
@@ -47,6 +53,19 @@ class WarmStart:
             f"warm start: skipped {n} of the best trials of {source} ({', '.join(self.skipped)}), "
             f"outside this spec's space; {self.widen} to include {'it' if n == 1 else 'them'}"
         )
+
+    def lines(self, source: str) -> list[str]:
+        """What the new study is told before it starts: the skipped trials (`note`), the trials
+        that go first, the fields left out."""
+        note = self.note(source)
+        n, ids = len(self.points), ", ".join(self.trial_ids)
+        lines = [] if note is None else [note]
+        lines.append(
+            f"warm start: {count(n, 'best trial')} of {source} ({ids}) go{'es' if n == 1 else ''} first"
+        )
+        if self.left_out:
+            lines.append(f"warm start: not searched here, so left out: {', '.join(self.left_out)}")
+        return lines
 
 
 def _fmt(value: Any) -> str:
@@ -81,6 +100,19 @@ def _widen(space: dict[str, Dimension], outside: dict[str, list[Any]]) -> str:
         low, high = min([d.low, *values]), max([d.high, *values])
         parts.append(f"widen [space.{name}] to [{_fmt(low)}, {_fmt(high)}]")
     return " and ".join(parts)
+
+
+def read_warm_start(source: str, storage: str, spec: StudySpec, top: int) -> WarmStart:
+    """The ``top`` best trials of the study ``source`` under ``storage`` as points of ``spec``'s
+    space (`warm_start_points`), read from its spec record and its Parquet."""
+    earlier, paths = load_study_spec(source, storage)
+    table = read_study_table(paths, "trials")
+    if table is None:
+        raise WarmStartError(
+            f"--warm-start {source}: it has no Parquet yet under {storage}; "
+            f"run `{command_name()} export {source}`"
+        )
+    return warm_start_points(spec, earlier, table.to_pandas(), top, source)
 
 
 def warm_start_points(

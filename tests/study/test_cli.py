@@ -18,6 +18,7 @@ import pyarrow as pa
 import pytest
 
 from study import cli as cli_module
+from study import diskspace
 from study.cli import summary
 from study.spec import list_specs, load_spec, parse_spec
 from study.storage import StudyPaths, write_parquet
@@ -546,17 +547,17 @@ def test_a_full_disk_is_named_whatever_error_it_caused(
         except OSError as e:
             raise RuntimeError("Tune could not save its state") from e
     except RuntimeError as e:
-        assert cli_module._full_disk(e, str(tmp_path)) == (str(tmp_path / "x.json"), "")
+        assert diskspace.full_disk(e, str(tmp_path)) == (str(tmp_path / "x.json"), "")
     try:
         json.loads('{"trial_data": [1')
     except ValueError as e:
         torn = e
-    assert cli_module._full_disk(torn, str(tmp_path / "not" / "yet")) is None  # this disk has room
-    assert cli_module._full_disk(torn, "s3://bucket/x") is None
-    monkeypatch.setattr(cli_module, "_NEARLY_FULL", 1 << 62)  # every disk is "nearly full"
-    where, free = cli_module._full_disk(torn, str(tmp_path / "not" / "yet")) or ("", "")
+    assert diskspace.full_disk(torn, str(tmp_path / "not" / "yet")) is None  # this disk has room
+    assert diskspace.full_disk(torn, "s3://bucket/x") is None
+    monkeypatch.setattr(diskspace, "_NEARLY_FULL", 1 << 62)  # every disk is "nearly full"
+    where, free = diskspace.full_disk(torn, str(tmp_path / "not" / "yet")) or ("", "")
     assert where == str(tmp_path / "not" / "yet") and free.endswith("KiB free")
-    assert cli_module._full_disk(torn, "/proc/x") is None  # no blocks at all: not a full disk
+    assert diskspace.full_disk(torn, "/proc/x") is None  # no blocks at all: not a full disk
 
 
 @pytest.mark.parametrize("exit_by", ["entry", "sys.exit"])

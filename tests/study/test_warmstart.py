@@ -8,7 +8,7 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
-from study import cli
+from study.cli import drive as cli
 from study.spec import load_spec, parse_spec
 from study.storage import StudyPaths, write_bytes, write_parquet
 from study.warmstart import WarmStartError, warm_start_points
