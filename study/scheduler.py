@@ -148,10 +148,23 @@ class PersistentASHA(SnapshotBeforeStart, AsyncHyperBandScheduler):
 
     ``time_attr`` is the training iteration the trainer reports (``iteration``), so the grace
     period and the budget are in gradient steps, not in reports.
+
+    It takes Ray's arguments, with Ray's defaults (tests/study/test_ray_contract.py runs Ray's
+    ASHA tests on it), and where to keep its state: ``state_uri`` or the study's ``paths``. Where
+    it differs on purpose: a trial it stopped stays stopped (a later report of it is answered
+    STOP, also after a restart), and with ``paths`` each trial's end is recorded in the study.
     """
 
-    def __init__(self, state_uri: str, paths: StudyPaths | None = None, **kwargs: Any) -> None:
-        super().__init__(paths=paths, **kwargs)
+    def __init__(
+        self, *args: Any, state_uri: str | None = None, paths: StudyPaths | None = None, **kwargs: Any
+    ) -> None:
+        """Ray's arguments, positional ones included, and where the state is kept: ``state_uri``,
+        by default the study's ``asha.json`` (``paths``)."""
+        if state_uri is None:
+            if paths is None:
+                raise TypeError(f"{type(self).__name__} needs state_uri or paths: where its rungs are kept")
+            state_uri = paths.asha
+        super().__init__(*args, paths=paths, **kwargs)
         self._state_uri = state_uri
         self._stopped: set[str] = set()
         self._stopping: set[str] = set()  # stopped, not yet recorded (see on_trial_complete)

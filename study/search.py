@@ -6,7 +6,7 @@ import json
 import logging
 import os
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,7 +19,7 @@ from ray.tune.search import ConcurrencyLimiter
 from ray.tune.search.optuna import OptunaSearch
 
 from study.parquet import parse_result_lines
-from study.records import EndRecord, read_end_record, read_end_records
+from study.records import EndRecord, StudyError, read_end_record, read_end_records
 from study.scheduler import PersistentASHA, SnapshotBeforeStart
 from study.spec import Dimension, StudySpec
 from study.storage import StudyPaths, read_bytes, trial_reports
@@ -30,7 +30,9 @@ __all__ = [
     "STEP",
     "TUNE_ID_ATTR",
     "DivergenceAwareOptunaSearch",
+    "OptunaSpace",
     "SamplerRecipe",
+    "SearcherStateError",
     "clear_stale_journal_lock",
     "make_scheduler",
     "make_searcher",
@@ -103,6 +105,14 @@ class SamplerRecipe:
         raise ValueError(f"unknown sampler {self.kind!r}")
 
 
+OptunaSpace = dict[str, Any] | list[tuple[Any, ...]] | Callable[[optuna.trial.Trial], dict[str, Any] | None]
+"""What Ray's OptunaSearch takes as its ``space``: distributions, or a define-by-run function."""
+
+
+class SearcherStateError(StudyError):
+    """A searcher's saved state restored into a searcher of another study (or of none)."""
+
+
 class DivergenceAwareOptunaSearch(OptunaSearch):
     """OptunaSearch that tells Optuna a diverged trial FAILED, that tells a restored trial's end
     once and with the value it ended on, and that finds its journal where this machine keeps it
@@ -127,24 +137,56 @@ class DivergenceAwareOptunaSearch(OptunaSearch):
     resume the map between the two is rebuilt from the journal and the end records
     (`reconcile`, `study.trial_map`), never taken from the pickle. A report or an end of a Tune
     trial Optuna holds no open trial for is logged and skipped, never raised.
+
+    Where it differs from Ray's OptunaSearch on purpose (tests/study/test_ray_contract.py runs
+    Ray's tests of OptunaSearch on it): it takes Ray's arguments and a study folder, ``paths``,
+    whose journal is its Optuna storage (``storage`` is refused). The study lives in that journal,
+    not in the searcher: `restore` takes a state saved by a searcher of the same study only (any
+    other raises `SearcherStateError` at once), and a deep copy shares its study.
     """
 
     def __init__(
         self,
+        space: OptunaSpace | None = None,
+        metric: str | list[str] | None = None,
+        mode: str | list[str] | None = None,
+        points_to_evaluate: list[dict[str, Any]] | None = None,
+        sampler: optuna.samplers.BaseSampler | None = None,
+        study_name: str | None = None,
+        storage: optuna.storages.BaseStorage | None = None,
+        seed: int | None = None,
+        evaluated_rewards: list[Any] | None = None,
         *,
         paths: StudyPaths,
         recipe: SamplerRecipe | None = None,
         warm_start: Sequence[Mapping[str, Any]] = (),
-        **kwargs: Any,
     ) -> None:
+        """Ray's arguments, in Ray's order, and the study's: ``paths`` (its journal is the
+        storage), the sampler's ``recipe`` (it replaces ``sampler``) and ``warm_start``."""
+        if storage is not None:
+            raise TypeError(
+                f"{type(self).__name__} keeps its Optuna study in the journal of its study "
+                f"folder ({paths.optuna_journal}): pass paths, not storage"
+            )
         self._paths = paths
         self._recipe = recipe
         if recipe is not None:
-            kwargs["sampler"] = recipe.build()
+            sampler = recipe.build()
         self._orphans: list[int] = []
         self._stale = False
+        self._unpickled = False
         self._warm_start = [dict(p) for p in warm_start]
-        super().__init__(storage=optuna_storage(paths), **kwargs)
+        super().__init__(
+            space,
+            metric,
+            mode,
+            points_to_evaluate,
+            sampler,
+            study_name,
+            optuna_storage(paths),
+            seed,
+            evaluated_rewards,
+        )
 
     def _setup_study(self, mode: Any) -> None:
         """Create or load the Optuna study. A study resumed after a driver was stopped before
@@ -162,7 +204,16 @@ class DivergenceAwareOptunaSearch(OptunaSearch):
             return
         storage = optuna_storage(self._paths)
         sampler = self._ot_study.sampler
-        study = optuna.load_study(study_name=self._study_name, storage=storage, sampler=sampler)
+        try:
+            study = optuna.load_study(study_name=self._study_name, storage=storage, sampler=sampler)
+        except KeyError:  # Optuna's "Record does not exist."
+            raise SearcherStateError(
+                f"this searcher's state belongs to the Optuna study {self._study_name!r}, which "
+                f"the journal {self._paths.optuna_journal} (study {self._paths.name!r}) does not "
+                "hold: a searcher's saved state can only be restored into a searcher built with "
+                "the StudyPaths of the study that saved it (on a resume: the study's Optuna "
+                "journal is missing, or is another study's)"
+            ) from None
         for trial in self._ot_trials.values():  # each asked trial holds the study it came from
             trial.study, trial.storage = study, storage
         self._storage, self._ot_study = storage, study
@@ -170,16 +221,42 @@ class DivergenceAwareOptunaSearch(OptunaSearch):
     def __setstate__(self, state: dict[str, Any]) -> None:  # the Tuner unpickled on restore
         self.__dict__.update(state)
         self._stale, self._orphans = True, []  # its paths are the first run's: wait for `rebind`
+        self._unpickled = True
 
-    def restore(self, checkpoint_path: str) -> None:  # the searcher state Tune saved
-        paths = self._paths
+    def restore(self, checkpoint_path: str) -> None:
+        """Ray's restore (the searcher state Tune saved), into the study at this searcher's
+        ``paths``. A searcher built here checks at once that the state is its study's: the study
+        it names, and every Optuna trial it holds, are in the journal (else `SearcherStateError`).
+        One Tune unpickled, whose paths are the first run's, checks when the resume rebinds it."""
+        paths, unpickled = self._paths, getattr(self, "_unpickled", True)
         super().restore(checkpoint_path)
-        self._paths, self._stale, self._orphans = paths, True, []
+        self._paths, self._stale, self._orphans, self._unpickled = paths, True, [], unpickled
+        if not unpickled:
+            self._reopen_study()
+            self._check_restored_trials(checkpoint_path)
+
+    def _check_restored_trials(self, checkpoint_path: str) -> None:
+        """Raise `SearcherStateError` unless every Optuna trial of the restored state is in the
+        journal, asked for the same Tune trial."""
+        if self._ot_study is None:
+            return
+        held = {t._trial_id: t for t in self._ot_study.get_trials(deepcopy=False)}
+        for tune_id, asked in self._ot_trials.items():
+            frozen = held.get(asked._trial_id)
+            if frozen is None or frozen.user_attrs.get(TUNE_ID_ATTR, tune_id) != tune_id:
+                raise SearcherStateError(
+                    f"the searcher state {checkpoint_path} holds Tune trial {tune_id}, which the "
+                    f"Optuna study {self._study_name!r} in {self._paths.optuna_journal} (study "
+                    f"{self._paths.name!r}) does not: the state was saved by a searcher of another "
+                    "study. Restore it into a searcher built with the StudyPaths of the study "
+                    "that saved it"
+                )
 
     def rebind(self, paths: StudyPaths, recipe: SamplerRecipe | None = None) -> None:
         """Use the study where it is now: its journal at ``paths``, not where Tune's pickle says,
-        and the sampler of its stored spec (``resume --more`` changes its size)."""
-        self._paths = paths
+        and the sampler of its stored spec (``resume --more`` changes its size). Raises
+        `SearcherStateError` if that journal lacks the study the searcher's state belongs to."""
+        self._paths, self._unpickled = paths, False
         if recipe is not None:
             self._recipe = recipe
         self._reopen_study()
@@ -406,7 +483,6 @@ def make_scheduler(spec: StudySpec, paths: StudyPaths) -> PersistentASHA | Snaps
     if s is None:
         return SnapshotBeforeStart(paths=paths)
     return PersistentASHA(
-        paths.asha,
         paths=paths,
         time_attr="iteration",
         metric=s.metric,

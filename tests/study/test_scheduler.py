@@ -16,7 +16,7 @@ from study.storage import StudyPaths
 
 def _asha(state: Path, grace_period: int = 10, paths: StudyPaths | None = None) -> PersistentASHA:
     return PersistentASHA(
-        str(state),
+        state_uri=str(state),
         paths=paths,
         time_attr="iteration",
         metric="acc",
@@ -36,7 +36,7 @@ def test_persistent_asha_keeps_rays_defaults(tmp_path: Path) -> None:
     from study.search import make_scheduler
     from study.spec import load_spec
 
-    ours = PersistentASHA(str(tmp_path / "asha.json"), metric="acc", mode="max")
+    ours = PersistentASHA(metric="acc", mode="max", state_uri=str(tmp_path / "asha.json"))
     assert ours._stop_last_trials == AsyncHyperBandScheduler(metric="acc", mode="max")._stop_last_trials
     spec = load_spec("parity-smoke")
     assert make_scheduler(spec, StudyPaths(str(tmp_path), "s"))._stop_last_trials is False
@@ -135,3 +135,15 @@ def test_a_stop_is_saved_after_the_trials_reports(tmp_path: Path) -> None:
     again = _asha(state, paths=paths)
     again.on_trial_add(None, b)  # type: ignore[arg-type]
     assert _report(again, b, 20, 0.99) == TrialScheduler.STOP
+
+
+def test_persistent_asha_takes_rays_arguments(tmp_path: Path) -> None:
+    """Ray's positional arguments reach Ray's scheduler; the state goes where it is told, by
+    default the study's asha.json."""
+    s = PersistentASHA("iteration", "acc", "max", 40, state_uri=str(tmp_path / "state.json"))
+    assert (s._time_attr, s._metric, s._mode, s._max_t) == ("iteration", "acc", "max", 40)
+    assert s._state_uri == str(tmp_path / "state.json")
+    paths = StudyPaths(str(tmp_path), "s")
+    assert PersistentASHA(metric="acc", mode="max", paths=paths)._state_uri == paths.asha
+    with pytest.raises(TypeError, match="state_uri or paths"):
+        PersistentASHA(metric="acc", mode="max")

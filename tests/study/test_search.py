@@ -12,7 +12,14 @@ import optuna
 import pytest
 
 from study.records import EndRecord
-from study.search import TUNE_ID_ATTR, DivergenceAwareOptunaSearch, make_searcher, optuna_storage, param_space
+from study.search import (
+    TUNE_ID_ATTR,
+    DivergenceAwareOptunaSearch,
+    SearcherStateError,
+    make_searcher,
+    optuna_storage,
+    param_space,
+)
 from study.spec import load_spec
 from study.storage import StudyPaths, trial_reports
 
@@ -159,3 +166,61 @@ def test_a_report_or_end_of_a_trial_optuna_does_not_hold_is_skipped(
         searcher.on_trial_complete("stranger", result={METRIC: 0.5})
     assert "no open trial for Tune trial stranger" in caplog.text
     assert [t.state for t in _study(paths).trials] == [optuna.trial.TrialState.RUNNING]
+
+
+def test_the_searcher_takes_rays_arguments_in_rays_order(tmp_path: Path) -> None:
+    """A subclass of Ray's OptunaSearch is built as Ray's is: the space first, positional."""
+    import inspect
+
+    from ray.tune.search.optuna import OptunaSearch
+
+    ours = list(inspect.signature(DivergenceAwareOptunaSearch).parameters.values())
+    rays = list(inspect.signature(OptunaSearch).parameters.values())
+    positional = [p.name for p in ours if p.kind == p.POSITIONAL_OR_KEYWORD]
+    assert positional == [p.name for p in rays]
+    assert [p.default for p in ours[: len(rays)]] == [p.default for p in rays]
+    space = {"x": optuna.distributions.FloatDistribution(0, 1)}
+    searcher = DivergenceAwareOptunaSearch(space, METRIC, "max", paths=StudyPaths(str(tmp_path), "s"))
+    assert (searcher.metric, searcher.mode) == (METRIC, "max")
+    assert searcher.suggest("t1") is not None
+
+
+def test_the_searcher_refuses_a_storage_other_than_its_journal(tmp_path: Path) -> None:
+    with pytest.raises(TypeError, match="pass paths, not storage"):
+        DivergenceAwareOptunaSearch(
+            storage=optuna.storages.InMemoryStorage(), paths=StudyPaths(str(tmp_path), "s")
+        )
+
+
+def _saved_state(paths: StudyPaths, checkpoint: Path) -> None:
+    searcher = _searcher(paths)
+    searcher.suggest("t1")
+    searcher.save(str(checkpoint))
+
+
+@pytest.mark.parametrize("other", ["empty", "another"])
+def test_a_state_restored_into_another_study_is_refused_at_once(tmp_path: Path, other: str) -> None:
+    """The study is its journal, not the pickle: a state saved by a searcher of one study, restored
+    into a searcher of an empty study folder or of another study (the same name, elsewhere), is
+    refused by `restore` itself, saying what to do, not by a KeyError at a later call."""
+    checkpoint = tmp_path / "searcher.pkl"
+    _saved_state(StudyPaths(str(tmp_path / "a"), "s"), checkpoint)
+    paths = StudyPaths(str(tmp_path / "b"), "s")
+    if other == "another":
+        _searcher(paths).suggest("u1")
+    restored = make_searcher(SPEC, paths).searcher
+    with pytest.raises(SearcherStateError, match="built with the StudyPaths of the study that saved it"):
+        restored.restore(str(checkpoint))
+
+
+def test_a_searcher_tune_unpickled_is_refused_when_rebound_to_another_study(tmp_path: Path) -> None:
+    """Tune unpickles the searcher with the first run's paths; the resume's `rebind` is where a
+    journal that lacks its study is found, and said."""
+    import pickle
+
+    paths = StudyPaths(str(tmp_path / "a"), "s")
+    searcher = _searcher(paths)
+    searcher.suggest("t1")
+    unpickled = pickle.loads(pickle.dumps(searcher))
+    with pytest.raises(SearcherStateError, match="does not hold"):
+        unpickled.rebind(StudyPaths(str(tmp_path / "b"), "s"))
