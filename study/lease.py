@@ -1,27 +1,21 @@
 """One driver per study: a lease in the study's own folder, ``studies/<name>/lease.json``.
 
-``run``, ``resume`` and ``export`` take the study's lease before Ray starts and hold it until
-they exit; a second one is refused at once, in one line naming the host and pid that hold it
-and for how long. The lease travels with the study folder (a copy or a download carries it).
+``run``, ``resume`` and ``export`` take the lease before Ray starts and hold it until they exit;
+a second driver is refused at once, told which host and pid hold it and for how long. The lease
+travels with the study folder. How it is held depends on the storage:
 
-How a lease is held, and what the guarantee is, depends on the storage:
-
-- A local disk (a plain path or ``file://``): the holder keeps an exclusive ``flock`` on
-  ``lease.lock`` for as long as it lives, and writes who it is to ``lease.json``. The kernel
-  drops the lock when the process dies, however it dies (SIGKILL included), so a killed
-  driver never blocks the next one, and there is nothing to expire. Two drivers on one host
-  can never both hold it. On NFS, ``flock`` is carried by NFS's byte-range locks (Linux
-  >= 2.6.12 with a lock manager): the same guarantee across hosts where the mount has locking;
-  a mount with ``nolock`` gives none.
-- An object store (``s3://``): ``lease.json`` is created with a conditional PUT
-  (``If-None-Match: *``) and renewed every ``ttl/3`` with ``If-Match: <etag>``, through boto3.
-  A lease whose last renewal is older than its TTL by the store's own clock (the object's
-  ``Last-Modified`` against the response's ``Date``: no clock of ours involved) is stale and is
-  taken over with ``If-Match``, as is one whose holder was on this host and is gone (its pid no
-  longer runs with the start time it recorded). A resume after a driver on another host was
-  killed is therefore refused for at most one TTL (``lease_ttl_s``, 30 s). Without boto3, or on
-  a store without conditional writes (``gs://``), the lease is advisory: read, then written,
-  which two drivers starting within the same second can both pass.
+- A local disk (a plain path or ``file://``): an exclusive ``flock`` on ``lease.lock`` for the
+  holder's lifetime, who it is in ``lease.json``. The kernel drops the lock however the process
+  dies (SIGKILL included), so nothing expires and a killed driver never blocks the next. On NFS
+  ``flock`` is carried by byte-range locks (Linux >= 2.6.12 with a lock manager): the same
+  guarantee across hosts, none on a ``nolock`` mount.
+- An object store (``s3://``, through boto3): ``lease.json`` is created with ``If-None-Match: *``
+  and renewed every ``ttl/3`` with ``If-Match: <etag>``. A lease older than its TTL by the
+  store's own clock (``Last-Modified`` against the response's ``Date``), or whose holder was on
+  this host and is gone (pid and start time), is taken over with ``If-Match``: a resume after a
+  driver on another host was killed is refused for at most one TTL (``lease_ttl_s``, 30 s).
+  Without boto3, or on a store without conditional writes (``gs://``), the lease is advisory:
+  read, then written, which two drivers starting within the same second can both pass.
 """
 
 from __future__ import annotations
@@ -139,6 +133,15 @@ def _parse(data: bytes | None) -> dict[str, Any]:
     return holder if isinstance(holder, dict) else {}
 
 
+def _holder_once_written(paths: StudyPaths, wait_s: float = 2.0) -> dict[str, Any]:
+    """The lease's holder, waiting a moment for a holder that has the lock but has not yet
+    written who it is: the refusal names the command and pid whenever there is one."""
+    deadline = time.monotonic() + wait_s
+    while not (holder := _parse(read_bytes(paths.lease))) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return holder
+
+
 # -- a local disk: flock ------------------------------------------------------------------------
 @contextlib.contextmanager
 def _hold_local(paths: StudyPaths, lease: Lease) -> Iterator[None]:
@@ -154,7 +157,7 @@ def _hold_local(paths: StudyPaths, lease: Lease) -> Iterator[None]:
         try:
             fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = _parse(read_bytes(paths.lease))
+            holder = _holder_once_written(paths)
             raise _refusal(paths, holder, None, _then(paths, lease.command)) from None
         write_bytes(paths.lease, lease.to_json())
         try:
