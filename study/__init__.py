@@ -17,8 +17,12 @@ The path of a study, one module a step:
 - `study.lease`: one driver per study (a flock locally, conditional PUTs on S3);
 - `study.warmstart`: an earlier study's best configurations as a new study's first trials;
 - `study.parquet`: the Parquet contract (its schema version is `study.parquet.SCHEMA_VERSION`);
-- `study.storage`: where a study's files live, local or on a pyarrow filesystem;
-- `study.launch`, `study.cli`, `study.commands`: ``ponder-study`` and the commands it prints.
+- `study.storage`, `study.study_paths`, `study.filesystems`, `study.files`: where a study's files
+  live (`StudyPaths`), local or on a pyarrow filesystem, and how they are read and written;
+- `study.summary`, `study.report`: a study's summary table and its HTML report;
+- `study.slurm`: the Slurm batch job that runs a study over allocations;
+- `study.launch`, `study.cli` (one `Command` a verb, listed in `study.cli.COMMANDS`),
+  `study.commands`, `study.hints`: ``ponder-study`` and the commands it prints.
 
 Nothing is imported here, so ``ponder-study --help`` does not wait for Ray.
 """
