@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 
 FASHION := /usr/share/datasets/fashion-mnist
 
-.PHONY: help venv test test-fast lint typecheck pytest study bench train clean fashion-mnist chromium slurm
+.PHONY: help venv test test-fast lint typecheck pytest study bench train clean fashion-mnist chromium slurm jobserver
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -78,13 +78,31 @@ slurm:  ## Debian's Slurm and munge, for the Slurm launcher's test (best effort:
 		echo "could not install Slurm: its test will be skipped"; \
 	else echo "no root or apt-get: the Slurm test will be skipped"; fi
 
+# Ray's job server (the dashboard) needs ray[default]'s packages, which the project's Ray does not
+# install: with them every local Ray instance would run the full dashboard. They go into a folder
+# of their own that only tests/study/test_submit.py's head node puts on its PYTHONPATH: exactly the
+# packages ray[default] adds to .venv, at the versions uv resolves for it (30 packages, about 2.5 s)
+JOBSERVER := $(VENV)/jobserver
+
+$(JOBSERVER)/.installed: $(STAMP)
+	@set -e; from=""; \
+	for d in $(call PIP_SETTING,find-links); do from="$$from --find-links $$d"; done; \
+	for c in $(call PIP_SETTING,constraint); do from="$$from --constraint $$c"; done; \
+	ray=$$($(BIN)/python -c "import importlib.metadata as m; print(m.version('ray'))"); \
+	pkgs=$$($(BIN)/uv pip install --dry-run --python $(BIN)/python $$from "ray[default]==$$ray" 2>&1 | \
+		sed -n 's/^ + //p') || true; \
+	if [ -n "$$pkgs" ] && $(BIN)/uv pip install --quiet --target $(JOBSERVER) --no-deps $$from $$pkgs; then \
+		touch $@; else echo "could not install ray[default]'s packages: the job-server test will be skipped"; fi
+
+jobserver: $(JOBSERVER)/.installed  ## ray[default]'s packages for the job-server test's head node (not on .venv's path)
+
 # Much of a study test's time is spent waiting on Ray and on subprocesses: three test processes
 # on two cores (a cluster module's tests stay in one, `xdist_group`). One OpenMP thread per
 # process: torch's spinning pool threads burn the cores the other processes need (trials set
 # their own thread count).
 PYTEST_WORKERS ?= 3
 
-pytest: $(STAMP) fashion-mnist chromium slurm  ## the test suite on $(PYTEST_WORKERS) processes (the 15 slowest tests listed at the end)
+pytest: $(STAMP) fashion-mnist chromium slurm jobserver  ## the test suite on $(PYTEST_WORKERS) processes (the 15 slowest tests listed at the end)
 	OMP_NUM_THREADS=1 $(BIN)/pytest -q --durations=15 -n $(PYTEST_WORKERS) --dist loadgroup
 
 test: lint typecheck pytest  ## everything CI runs: lint, types, tests

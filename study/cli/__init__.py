@@ -5,7 +5,8 @@ the command to continue), 2 bad input (one line on stderr says what and how to f
 the study was stopped by a signal (Ctrl-C, SIGTERM, SIGHUP) and can be resumed.
 
 One `Command` per verb, each with its arguments beside what it does (`study.cli.drive`: run and
-resume; `study.cli.read`: the verbs that read a study; `study.cli.specs`: those about a spec),
+resume; `study.cli.read`: the verbs that read a study; `study.cli.specs`: those about a spec;
+`study.cli.jobs`: a study sent to a cluster's job server),
 listed once in `COMMANDS`, which `build_parser` and `main` go through.
 """
 
@@ -31,6 +32,7 @@ from study.cli.base import (
     storage_arg,
 )
 from study.cli.drive import Resume, Run
+from study.cli.jobs import Submit
 from study.cli.read import Evaluate, Export, List, Report, Status
 from study.cli.specs import Check, Schema, Slurm
 from study.commands import run_again
@@ -50,6 +52,7 @@ COMMANDS: tuple[Command, ...] = (
     List(),
     Check(),
     Slurm(),
+    Submit(),
     Schema(),
 )
 """Every verb, in the order ``--help`` lists them."""

@@ -23,7 +23,6 @@ import pytest
 
 from study.export import EMPTIED_NOTE
 from study.spec import load_spec
-from study.storage import StudyPaths, read_study_table
 from tests.study.conftest import S3, Driver, cli
 
 # one test process holds the cluster for the module (`make test` spreads the rest over processes)
@@ -147,45 +146,6 @@ def test_trials_spread_over_worker_nodes_and_land_in_s3(
     assert status.returncode == 0 and "4 trials" in status.stdout, status.stderr
     listing = cli("list", "--storage", storage)
     assert listing.returncode == 0 and "spread" in listing.stdout.split("studies under", 1)[1]
-
-
-def test_an_interrupted_cluster_study_resumes_from_s3_on_another_machine(
-    cluster: LocalCluster, s3: S3, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Ctrl-C (or `ray job stop`, which cluster.yaml makes a SIGINT), then a resume by a driver
-    that has none of the first one's local files: everything it needs is in the bucket."""
-    storage = f"{s3.bucket()}/ponder"
-    spec = _spec(tmp_path, iterations=400, eval_interval=50, grace=400, num_samples=4)
-    run = Driver(
-        "run", str(spec), "--name", "again", "--address", cluster.address, "--storage", storage, "--quiet",
-        log=tmp_path / "driver.log",
-    )  # fmt: skip
-
-    def one_ended() -> bool:  # read whole: the running study rewrites the file
-        table = read_study_table(StudyPaths(storage, "again"), "trials")  # its fragments too
-        return table is not None and "completed" in table.column("status").to_pylist()
-
-    try:
-        run.wait_until(one_ended, timeout=240)
-        assert run.interrupt() == 130, run.output()[-3000:]
-    finally:
-        if run.proc.poll() is None:
-            run.kill()
-    before = _read(s3, f"{storage}/trials/study=again").set_index("trial_id")
-    done_before = before[before["status"] == "completed"]
-
-    monkeypatch.setenv("PONDER_STUDY_CACHE", str(tmp_path / "another-machine"))
-    resumed = cli("resume", "again", "--address", cluster.address, "--storage", storage, "--quiet")
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    after = _read(s3, f"{storage}/trials/study=again").set_index("trial_id")
-    assert len(after) == 4 and (after["status"] == "completed").all()
-    assert after.loc[done_before.index, "reports"].equals(done_before["reports"])  # not trained again
-    journal = tmp_path / "another-machine" / storage.replace("://", "/") / "again" / "optuna.journal"
-    study = optuna.load_study(
-        study_name="again",
-        storage=optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(journal))),
-    )
-    assert [t.state for t in study.trials].count(optuna.trial.TrialState.COMPLETE) == 4
 
 
 def test_a_lost_node_costs_only_the_work_since_the_last_checkpoint(
