@@ -3,7 +3,8 @@
 A resume must act between Tune loading its saved trials and queueing them, and must correct
 what Tune unpickled (the searcher's count, its storage, the callbacks' paths); Tune offers no
 public hook for either. The subclasses of Ray's classes (`study.scheduler.PersistentASHA`,
-`study.search.DivergenceAwareOptunaSearch`) also read their parents' state. `PRIVATE` lists
+`study.search.DivergenceAwareOptunaSearch`, `study.tensorboard.ScalarTensorBoard`,
+`study.export._TuneTrials`) also read or override their parents' private state. `PRIVATE` lists
 every such name; tests/study/test_ray_private.py fails, naming this module, when a Ray upgrade
 changes one.
 """
@@ -15,7 +16,9 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from ray.train._internal.session import _TrainingResult
+from ray.tune import ExperimentAnalysis
 from ray.tune.execution.tune_controller import TuneController
+from ray.tune.logger.tensorboardx import TBXLoggerCallback
 from ray.tune.schedulers.async_hyperband import AsyncHyperBandScheduler, _Bracket
 from ray.tune.search.optuna import OptunaSearch
 from ray.tune.search.search_generator import SearchGenerator
@@ -28,6 +31,7 @@ __all__ = [
     "controller_of",
     "scheduler",
     "search_alg",
+    "searcher_experiment",
     "set_trial_count",
     "storage",
     "training_result",
@@ -56,6 +60,10 @@ PRIVATE: dict[type, tuple[str, ...]] = {
         "_study_name",
         "_setup_study",
     ),
+    # overridden or filled by subclasses elsewhere: study.tensorboard.ScalarTensorBoard,
+    # study.export._TuneTrials
+    TBXLoggerCallback: ("_summary_writer_cls", "_trial_writer", "_trial_result"),
+    ExperimentAnalysis: ("_fetch_trial_dataframes",),
 }
 """Ray's classes and the private names of theirs this project uses."""
 
