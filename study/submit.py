@@ -195,6 +195,11 @@ class JobServer:
                     f"the job server at {self.address} asks for the cluster's token: export "
                     "RAY_AUTH_MODE=token, with the head's token in ~/.ray/auth_token (or $RAY_AUTH_TOKEN)"
                 ) from None
+            if e.code == 403 and "Authorization" in self._headers:
+                raise SubmitError(
+                    f"the job server at {self.address} refused the token sent: put the head's token in "
+                    "$RAY_AUTH_TOKEN (or ~/.ray/auth_token, $RAY_AUTH_TOKEN_PATH)"
+                ) from None
             text = " ".join(e.read().decode(errors="replace").split())[:200]
             raise SubmitError(f"the job server at {self.address} answered {e.code}: {text}") from None
         except (urllib.error.URLError, OSError) as e:

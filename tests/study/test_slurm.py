@@ -531,7 +531,7 @@ def _leftovers(marker: str) -> list[int]:
     return pids
 
 
-ENDED = frozenset(
+JOB_ENDED = frozenset(
     {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
 )
 """The job states Slurm does not leave (its ``JOB_STATE_BASE`` values past ``PENDING``/``RUNNING``)."""
@@ -566,7 +566,7 @@ def test_a_study_runs_over_two_allocations_of_a_real_slurm(
         real_slurm.wait(job_id, lambda f: f["Restarts"] == "1", 60, "requeued")
         requeued = time.monotonic() - began
         real_slurm.wait(
-            job_id, lambda f: f["JobState"] in ENDED, 120, "ended"
+            job_id, lambda f: f["JobState"] in JOB_ENDED, 120, "ended"
         )  # not merely out of RUNNING: a requeued job passes through REQUEUED and COMPLETING
         fields = real_slurm.job(job_id)
     finally:

@@ -33,6 +33,7 @@ from study.submit import STOP_ENV, JobServer, SubmitError, job_outcome, job_requ
 from tests.study.conftest import REPO, S3, cli, smoke_spec
 
 JOBSERVER = REPO / ".venv" / "jobserver"
+_WRONG = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "0" * 64}
 RAY = REPO / ".venv" / "bin" / "ray"
 
 
@@ -182,8 +183,13 @@ def test_a_submitted_study_stops_with_ray_job_stop_and_a_second_submission_finis
     did; every trial once, trained on the worker node."""
     storage = f"{s3.bucket()}/ponder"
     spec = smoke_spec(tmp_path, times=3)
-    refused = cli("submit", "--address", ray_started.server, "run", spec, "--storage", storage)
-    assert refused.returncode == 2 and "RAY_AUTH_MODE=token" in refused.stderr, refused.stderr  # no token
+    for auth, says in (
+        ({"RAY_AUTH_MODE": ""}, "export RAY_AUTH_MODE=token"),
+        (_WRONG, "refused the token sent"),
+    ):
+        refused = cli("submit", "--address", ray_started.server, "run", spec, "--storage", storage, env=auth)
+        assert refused.returncode == 2 and says in refused.stderr, refused.stderr  # no token, a wrong one
+        assert len(refused.stderr.strip().splitlines()) == 1, refused.stderr
 
     def submit(*args: str, machine: str) -> subprocess.CompletedProcess[str]:
         """From a machine of its own: its journal cache, carried to the job, is not the other's."""
