@@ -35,10 +35,12 @@ def _campaign(tmp_path: Path, **settings: object) -> tuple[int, list[object], st
 
 
 def test_a_study_survives_sigkills_at_drawn_moments(tmp_path: Path) -> None:
-    survived, kills, report = _campaign(tmp_path, kills=3, seed=5, num_samples=6)
-    assert len(kills) == 3, report
-    assert [k.problems for k in kills] == [[]] * 3, report  # type: ignore[attr-defined]
-    assert survived == 3, report
+    # two kills, the table on for one and off for the other; the breadth (many seeds, a uniform
+    # window, signals, S3 and a cluster: --seeds, --uniform, --signals) is bench/kill_campaign.py's
+    survived, kills, report = _campaign(tmp_path, kills=2, seed=5, num_samples=6)
+    assert len(kills) == 2, report
+    assert [k.problems for k in kills] == [[]] * 2, report  # type: ignore[attr-defined]
+    assert survived == 2, report
     assert {k.table for k in kills} == {True, False}, report  # type: ignore[attr-defined]  # table on and off
     assert "every check held" in report, report
 
