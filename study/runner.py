@@ -490,7 +490,16 @@ def _fit(
     still_to_run = spec.search.num_samples - (0 if restore else len(read_end_records(paths)))
     tuner: tune.Tuner | None = None
     if restore:
-        tuner = tune.Tuner.restore(paths.experiment, trainable, resume_unfinished=True, resume_errored=True)
+        # Tune's restore reads every trial's results into DataFrames the study never uses, and warns
+        # for each trial that had not reported when the study stopped: routine after any stop
+        analysis = logging.getLogger("ray.tune.analysis.experiment_analysis")
+        level, analysis.level = analysis.level, logging.ERROR
+        try:
+            tuner = tune.Tuner.restore(
+                paths.experiment, trainable, resume_unfinished=True, resume_errored=True
+            )
+        finally:
+            analysis.setLevel(level)
     elif still_to_run > 0:
         tuner = tune.Tuner(
             trainable,
