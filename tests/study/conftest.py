@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -334,3 +335,22 @@ def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3]:
             mp.setenv(key, value)
         yield S3(endpoint)
     server.stop()
+
+
+def free_port() -> int:
+    """A TCP port on loopback that nothing listens on now (for a daemon the test starts)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def processes_naming(marker: str) -> list[int]:
+    """Processes (not this one) whose command line names ``marker``: what a test's own daemons
+    left, found by the folder they were started in, never by a name other tests' processes share."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            with contextlib.suppress(OSError):
+                if marker in (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"):
+                    pids.append(int(entry.name))
+    return pids

@@ -26,7 +26,7 @@ import pytest
 
 from study import slurm
 from study.storage import StudyPaths
-from tests.study.conftest import smoke_source, smoke_spec
+from tests.study.conftest import free_port, processes_naming, smoke_source, smoke_spec
 
 ENDED = {"completed", "early_stopped", "diverged"}
 
@@ -383,12 +383,6 @@ def _find(name: str) -> str | None:
     )
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @dataclass
 class Slurm:
     """A one-node Slurm started by the fixture; ``env`` reaches it (``SLURM_CONF``)."""
@@ -477,7 +471,7 @@ def real_slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Slurm]:
     key.chmod(0o400)
     node = socket.gethostname().split(".")[0]
     conf = where / "slurm.conf"
-    conf.write_text(_CONF.format(node=node, dir=where, ctld_port=_free_port(), d_port=_free_port()))
+    conf.write_text(_CONF.format(node=node, dir=where, ctld_port=free_port(), d_port=free_port()))
     env = {**os.environ, "SLURM_CONF": str(conf)}
     logs = [where / "munged.out", where / "slurmctld.out", where / "slurmd.out"]
     started: list[subprocess.Popen[bytes]] = []
@@ -518,17 +512,6 @@ def real_slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Slurm]:
                 time.sleep(0.5)
         for proc in reversed(started):
             _stop(proc)
-
-
-def _leftovers(marker: str) -> list[int]:
-    """Processes whose command line names ``marker`` (the job's own Ray files)."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and entry.name != str(os.getpid()):
-            with contextlib.suppress(OSError):
-                if marker in (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"):
-                    pids.append(int(entry.name))
-    return pids
 
 
 JOB_ENDED = frozenset(
@@ -591,7 +574,7 @@ def test_a_study_runs_over_two_allocations_of_a_real_slurm(
     assert len(trials) == 2 and trials["trial_id"].is_unique and set(trials["status"]) <= ENDED, trials
     history = pd.read_parquet(store / "history" / "study=parity-smoke")
     assert not history.duplicated(["trial_id", "iteration"]).any()  # no report twice
-    left = _leftovers(f"/tmp/ponder-slurm-{job_id}.")
+    left = processes_naming(f"/tmp/ponder-slurm-{job_id}.")
     for pid in left:  # the job's Ray, started by this test: not left running, whatever the assert says
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)

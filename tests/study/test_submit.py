@@ -15,7 +15,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -30,7 +29,7 @@ import pytest
 from study.records import OUTCOMES
 from study.storage import StudyPaths, read_study_table
 from study.submit import STOP_ENV, JobServer, SubmitError, job_outcome, job_request, server_address
-from tests.study.conftest import REPO, S3, cli, smoke_spec
+from tests.study.conftest import REPO, S3, cli, free_port, processes_naming, smoke_spec
 
 JOBSERVER = REPO / ".venv" / "jobserver"
 _WRONG = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "0" * 64}
@@ -99,9 +98,7 @@ def test_the_job_server_and_the_exit_code_are_found_as_ray_job_finds_them() -> N
 
 
 def test_no_job_server_is_one_line_naming_the_address() -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]  # closed again: nothing listens there
+    port = free_port()  # nothing listens there
     done = cli("submit", "--address", f"127.0.0.1:{port}", "run", "parity", "--storage", "s3://b/p")
     assert done.returncode == 2 and done.stdout == "", done.stderr
     lines = done.stderr.strip().splitlines()
@@ -116,22 +113,6 @@ class RayStarted:
     marker: str  # in the command line of every process of this cluster
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _pids(marker: str) -> list[int]:
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and int(entry.name) != os.getpid():
-            with contextlib.suppress(OSError):
-                if marker in (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"):
-                    pids.append(int(entry.name))
-    return pids
-
-
 @pytest.fixture(scope="module")
 def ray_started() -> Iterator[RayStarted]:
     if not (JOBSERVER / "aiohttp").is_dir():
@@ -142,7 +123,7 @@ def ray_started() -> Iterator[RayStarted]:
     token = secrets.token_hex(32)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "PONDER_STUDY_", "RAY_"))}
     env.update(PYTHONPATH=str(JOBSERVER), RAY_TMPDIR=str(where), RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=token)
-    port, dashboard = _free_port(), _free_port()
+    port, dashboard = free_port(), free_port()
     head = [f"--port={port}", "--num-cpus=0", "--include-dashboard=true", f"--dashboard-port={dashboard}"]
     started = RayStarted(
         f"http://127.0.0.1:{dashboard}", {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token}, str(where)
@@ -162,7 +143,7 @@ def ray_started() -> Iterator[RayStarted]:
             assert done.returncode == 0, done.stderr[-3000:]
         yield started
     finally:  # by pid: `ray stop` would stop every Ray on the machine, the other tests' too
-        for pid in _pids(started.marker):
+        for pid in processes_naming(started.marker):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         shutil.rmtree(where, ignore_errors=True)
