@@ -93,18 +93,16 @@ class Lease:
         return json.dumps(self.__dict__, indent=1, sort_keys=True).encode()
 
 
-def _describe(holder: dict[str, Any], age_s: float | None) -> str:
+def _describe(holder: dict[str, Any]) -> str:
     command = holder.get("command") or "a driver"
     who = f"`{command}` (pid {holder.get('pid', '?')} on host {holder.get('host', '?')}"
-    if age_s is not None:
-        who += f", for {age_s:.0f} s"
-    elif isinstance(holder.get("acquired_at"), (int, float)):
+    if isinstance(holder.get("acquired_at"), (int, float)):
         who += f", for {max(0.0, time.time() - float(holder['acquired_at'])):.0f} s"
     return who + ")"
 
 
-def _refusal(paths: StudyPaths, holder: dict[str, Any], age_s: float | None, hint: str) -> LeaseHeld:
-    return LeaseHeld(f"study {paths.name!r} is in use by {_describe(holder, age_s)}; {hint}")
+def _refusal(paths: StudyPaths, holder: dict[str, Any], hint: str) -> LeaseHeld:
+    return LeaseHeld(f"study {paths.name!r} is in use by {_describe(holder)}; {hint}")
 
 
 def _command(verb: str, paths: StudyPaths) -> str:
@@ -158,7 +156,7 @@ def _hold_local(paths: StudyPaths, lease: Lease) -> Iterator[None]:
             fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = _holder_once_written(paths)
-            raise _refusal(paths, holder, None, _then(paths, lease.command)) from None
+            raise _refusal(paths, holder, _then(paths, lease.command)) from None
         write_bytes(paths.lease, lease.to_json())
         try:
             yield
@@ -232,12 +230,12 @@ class _S3Lease:
             if not here:
                 expiry = f"if that driver is gone, its lease expires {max(0.0, ttl - age):.0f} s from now"
                 hint = f"{expiry}: then {hint}" if self.lease.command == "run" else expiry
-            raise _refusal(self.paths, holder, None, hint)
+            raise _refusal(self.paths, holder, hint)
         if not self._put(IfMatch=r["ETag"]):  # another driver took it over first
             hint = "another driver took it over just now"
             if self.lease.command == "run":
                 hint += f"; {_then(self.paths, 'run')}"
-            raise _refusal(self.paths, holder, None, hint)
+            raise _refusal(self.paths, holder, hint)
 
     def renew(self) -> bool:
         assert self.etag is not None
@@ -286,7 +284,7 @@ def _hold_advisory(paths: StudyPaths, lease: Lease) -> Iterator[None]:
         age = time.time() - float(holder.get("acquired_at") or 0)
         here = holder.get("host") == lease.host
         if (here and _alive_here(holder)) or (not here and age < float(holder.get("ttl_s") or LEASE_TTL_S)):
-            raise _refusal(paths, holder, None, _then(paths, lease.command, stop="stop it"))
+            raise _refusal(paths, holder, _then(paths, lease.command, stop="stop it"))
     write_bytes(paths.lease, lease.to_json())
     try:
         yield
