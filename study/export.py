@@ -28,7 +28,7 @@ from ray.tune.experiment import Trial
 from study.dataset import write_study_table
 from study.journal_copy import push_journal
 from study.parquet import TrialRecord, history_table, pareto_marks, parse_result_lines, trials_table
-from study.records import OUTCOMES, EndRecord, read_end_record, read_end_records
+from study.records import END_OUTCOMES, EndRecord, read_end_record, read_end_records
 from study.search import optuna_storage
 from study.spec import StudySpec
 from study.storage import (
@@ -165,9 +165,9 @@ class ExportCache:
     records: dict[str, TrialRecord] = field(default_factory=dict)
 
 
-FINAL = OUTCOMES
+FINAL = END_OUTCOMES
 """The statuses of a trial whose rows no longer change: the compacted files hold only these (how
-a trial can end for good, `study.records.OUTCOMES`)."""
+a trial can end for good, `study.records.END_OUTCOMES`)."""
 
 
 def write_tables(

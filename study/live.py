@@ -25,7 +25,7 @@ import pandas as pd
 import pyarrow.fs as pafs
 
 from study.asha_state import read_state
-from study.records import OUTCOMES, read_end_records
+from study.records import END_OUTCOMES, read_end_records
 from study.spec import StudySpec
 from study.storage import StudyPaths, read_bytes, read_json, resolve
 
@@ -48,7 +48,7 @@ class LiveTrial:
     trial_id: str
     number: int
     status: str
-    """``running``, ``errored`` (Tune wrote its error file) or how it ended (`OUTCOMES`)."""
+    """``running``, ``errored`` (Tune wrote its error file) or how it ended (`END_OUTCOMES`)."""
     report: dict[str, Any]
     """Its latest report (empty before the first)."""
     config: dict[str, Any]
@@ -97,7 +97,7 @@ def live_trials(paths: StudyPaths) -> list[LiveTrial]:
             found[trial_id] = (stamp, LiveTrial(trial_id, number, status, report, dict(params)))
     trials = {tid: t for tid, (_, t) in found.items()}
     for tid, end in ends.items():
-        if end.outcome not in OUTCOMES:
+        if end.outcome not in END_OUTCOMES:
             continue
         seen_trial = trials.get(tid)
         report = dict(end.last_result) or (seen_trial.report if seen_trial else {})

@@ -45,7 +45,7 @@ def load_study_spec(name: str, storage: str) -> tuple[StudySpec, StudyPaths]:
 
 
 __all__ = [
-    "OUTCOMES",
+    "END_OUTCOMES",
     "EndRecord",
     "StudyError",
     "finished_study",
@@ -57,7 +57,7 @@ __all__ = [
     "write_end_record",
 ]
 
-OUTCOMES = ("completed", "early_stopped", "diverged")
+END_OUTCOMES = ("completed", "early_stopped", "diverged")
 """How a trial can end for good (an errored trial is retried by ``resume``, so it has no record)."""
 
 
@@ -102,8 +102,8 @@ def write_end_record(paths: StudyPaths, record: EndRecord) -> bool:
     Create-if-absent: the first end is the truth (a restored trial that ends again at once, or a
     second writer, never replaces it). A torn write is impossible: the bytes go to a temporary
     file that is renamed into place (one PUT on an object store)."""
-    if record.outcome not in OUTCOMES:
-        raise ValueError(f"outcome {record.outcome!r} is not one of {OUTCOMES}")
+    if record.outcome not in END_OUTCOMES:
+        raise ValueError(f"outcome {record.outcome!r} is not one of {END_OUTCOMES}")
     return create_bytes(paths.end_record(record.trial_id), record.to_json())
 
 
@@ -157,7 +157,7 @@ def read_end_records(paths: StudyPaths) -> dict[str, EndRecord]:
             continue
         last = _saved_last_report(paths, trial_id)
         outcome = "early_stopped" if trial_id in stopped else str(last.get("outcome") or "completed")
-        if outcome not in OUTCOMES:
+        if outcome not in END_OUTCOMES:
             outcome = "early_stopped"
         records[trial_id] = EndRecord(
             trial_id=trial_id,
@@ -181,7 +181,7 @@ def finished_study(paths: StudyPaths, num_samples: int) -> bool:
     table = read_study_table(paths, "trials")
     if table is None or not set(ends) <= set(table.column("trial_id").to_pylist()):
         return False
-    if not all(s in OUTCOMES for s in table.column("status").to_pylist()):
+    if not all(s in END_OUTCOMES for s in table.column("status").to_pylist()):
         return False
     here = join(paths.root, "")  # a copied or moved study's Parquet names the old place: export
     if "checkpoint_path" in table.column_names and not all(

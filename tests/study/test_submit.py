@@ -26,7 +26,7 @@ import optuna
 import pandas as pd
 import pytest
 
-from study.records import OUTCOMES
+from study.records import END_OUTCOMES
 from study.storage import StudyPaths, read_study_table
 from study.submit import STOP_ENV, JobServer, SubmitError, job_outcome, job_request, server_address
 from tests.study.conftest import REPO, S3, cli, free_port, processes_naming, smoke_spec
@@ -185,7 +185,7 @@ def test_a_submitted_study_stops_with_ray_job_stop_and_a_second_submission_finis
     )
     server = JobServer(ray_started.server, ray_started.env)
     deadline = time.monotonic() + 240
-    while (df := _trials(storage, "parity-smoke")) is None or not set(df["status"]) & set(OUTCOMES):
+    while (df := _trials(storage, "parity-smoke")) is None or not set(df["status"]) & set(END_OUTCOMES):
         assert time.monotonic() < deadline and server.info(job_id)["status"] in ("PENDING", "RUNNING"), (
             server.logs(job_id)[-3000:]
         )
@@ -201,14 +201,14 @@ def test_a_submitted_study_stops_with_ray_job_stop_and_a_second_submission_finis
     ]
     before = _trials(storage, "parity-smoke")
     assert before is not None
-    ended = before[before["status"].isin(OUTCOMES)].set_index("trial_id")
+    ended = before[before["status"].isin(END_OUTCOMES)].set_index("trial_id")
 
     second = submit("--wait", "resume", "parity-smoke", "--storage", storage, machine="another")
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr
     assert "study parity-smoke: 6 trials" in second.stdout and "succeeded (exit 0)" in second.stderr
     after = _trials(storage, "parity-smoke")
     assert after is not None and len(after) == 6 and after["trial_id"].is_unique
-    assert after["status"].isin(OUTCOMES).all(), after[["trial_id", "status"]]
+    assert after["status"].isin(END_OUTCOMES).all(), after[["trial_id", "status"]]
     after = after.set_index("trial_id")
     assert after.loc[ended.index, "reports"].equals(ended["reports"])  # not trained again
     journal = tmp_path / "another" / storage.replace("://", "/") / "parity-smoke" / "optuna.journal"
