@@ -6,7 +6,8 @@ One search, run by each in its own process, the order alternating over ``--round
 - plain Tune: a `Tuner` whose trainable runs the same `ponder.trainer.Trainer` and reports at
   the same interval, `OptunaSearch` (TPE, same seed, same space, same startup trials),
   `ASHAScheduler` (same grace period, same reduction factor, over the model's iteration), the
-  default `RunConfig` (Tune's own loggers; a checkpoint per report, as ponder-study takes);
+  default `RunConfig` (Tune's own loggers; no checkpoint, as a plain trainable reports none:
+  ponder-study alone pays for one at every report);
 - plain Optuna: ``study.optimize`` with TPE (same seed and startup), `SuccessiveHalvingPruner`
   (``min_resource`` = the grace period, same reduction factor: the rungs ASHA uses), ``n_jobs``
   = the trials at once, the Trainer in-process with one torch thread per trial, its reports as
@@ -16,24 +17,29 @@ The differences that remain, stated: Optuna prunes synchronously within its own 
 process, the GIL shared) and its pruner compares against all trials at a rung, ASHA against
 those that reached it so far; Tune and ponder-study run each trial in a worker process.
 
-For each: wall time from launch to exit, CPU time of the process and its waited-for children,
-trials started and stopped early, iterations trained, the best ``test/halted_accuracy``, and the
-time from launch until a report first came within 0.005 of the best any of the three reached
-(the time to the answer), and until one first reached ``--target`` (0.99); ``first s`` is the
-time to the first report of all, the start-up before any trial has trained ``--eval-interval``.
-Last line: ``ratio <ponder-study's median time to the target / the fastest peer's>``; the time to
-the answer where a peer missed the target. With asynchronous early stopping the trials that run
-to the end differ from run to run, so the best of a run moves by about 0.005: a fixed target is
-the steadier answer.
+For each: wall time from launch to exit, the machine's busy CPU meanwhile (``/proc/stat``: Ray's
+daemons and workers included), trials started and stopped early, iterations trained, the best
+``test/halted_accuracy``, and the time from launch until a report first came within 0.005 of the
+best any of the three reached (the time to the answer), and until one first reached ``--target``
+(0.99); ``first s`` is the time to the first report of all, the start-up before any trial has
+trained ``--eval-interval``; ``s/report`` how fast a trial trains (`_pace`). Report times are
+to the ms: the plain peers take them in the trial as it reports, ponder-study's come from its
+TensorBoard events as the driver receives each report (Tune's own ``timestamp`` is whole seconds).
+``--dump`` keeps every report for a closer look. Last line: ``ratio <ponder-study's median time
+to the target / the fastest peer's>``; the time to the answer where a peer missed the target.
+With asynchronous early stopping the trials that run to the end differ from run to run, so the
+best of a run moves by about 0.005: a fixed target is the steadier answer.
 
     .venv/bin/python bench/peers.py                               # 16 trials x 2,000 iterations
     .venv/bin/python bench/peers.py --n-elems 8                   # a search that learns in that budget
-    .venv/bin/python bench/peers.py --trials 200 --iterations 300 --eval-interval 50
+    .venv/bin/python bench/peers.py --n-elems 5 --trials 200 --iterations 300 --eval-interval 50 \
+        --grace 100 --target 0.9                                  # many short trials that learn
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import subprocess
@@ -190,6 +196,28 @@ def _run(command: list[str], env: dict[str, str]) -> tuple[float, float, float, 
     return t0, wall, _machine_cpu_s() - before, rc
 
 
+def _tensorboard_reports(trial_dir: Path) -> list[dict[str, Any]]:
+    """A ponder-study trial's reports of the objective, timed to the ms from its TensorBoard events
+    (written by the driver as each report arrives). Tune stamps a report with whole seconds only
+    (its ``timestamp``, the Parquet's), which would favour ponder-study by half a second."""
+    import struct
+
+    from tensorboardX.proto import event_pb2  # type: ignore[import-untyped]
+
+    reports = []
+    for f in trial_dir.glob("events.out.tfevents*"):
+        data, at = f.read_bytes(), 0
+        while at + 12 <= len(data):  # TFRecord: length u64, its CRC u32, the Event, its CRC u32
+            (length,) = struct.unpack("<Q", data[at : at + 8])
+            event = event_pb2.Event.FromString(data[at + 12 : at + 12 + length])
+            at += 12 + length + 4
+            for v in event.summary.value:
+                if v.tag == f"ray/tune/{OBJECTIVE}":
+                    row = {"trial": trial_dir.name, "iteration": event.step, "acc": v.simple_value}
+                    reports.append({**row, "t": event.wall_time})
+    return reports
+
+
 def _ponder_study(a: argparse.Namespace, where: Path, env: dict[str, str]) -> dict[str, Any]:
     spec = where / "peers.toml"
     spec.write_text(_spec(a))
@@ -199,24 +227,16 @@ def _ponder_study(a: argparse.Namespace, where: Path, env: dict[str, str]) -> di
     )
     import pandas as pd
 
-    history = pd.read_parquet(storage / "history" / "study=peers")
     table = pd.read_parquet(storage / "trials" / "study=peers")
-    reports = [
-        {
-            "trial": r.trial_id,
-            "iteration": int(r.iteration),
-            "acc": float(r[OBJECTIVE]),
-            "t": pd.Timestamp(r.timestamp).timestamp(),
-        }
-        for _, r in history.iterrows()
-    ]
+    trial_dirs = [d for d in (storage / "tune" / "peers").iterdir() if d.is_dir()]
+    reports = [r for d in trial_dirs for r in _tensorboard_reports(d)]
     stopped = int((table["status"] == "early_stopped").sum())
     return {"t0": t0, "wall": wall, "cpu": cpu, "rc": rc, "reports": reports, "stopped": stopped}
 
 
 def _plain(code: str, a: argparse.Namespace, where: Path, env: dict[str, str], name: str) -> dict[str, Any]:
     out = where / f"{name}.json"
-    settings = {**vars(a), "space": SPACE, "storage": str(where / name), "out": str(out)}
+    settings = {**vars(a), "dump": None, "space": SPACE, "storage": str(where / name), "out": str(out)}
     t0, wall, cpu, rc = _run([sys.executable, "-c", code, json.dumps(settings)], env)
     reports = json.loads(out.read_text()) if out.exists() else []
     last: dict[Any, int] = {}
@@ -224,6 +244,21 @@ def _plain(code: str, a: argparse.Namespace, where: Path, env: dict[str, str], n
         last[r["trial"]] = max(last.get(r["trial"], 0), r["iteration"])
     stopped = sum(1 for it in last.values() if it < a.iterations)
     return {"t0": t0, "wall": wall, "cpu": cpu, "rc": rc, "reports": reports, "stopped": stopped}
+
+
+def _pace(reports: list[dict[str, Any]], a: argparse.Namespace) -> float:
+    """The median wall time between a trial's consecutive reports (``--eval-interval`` iterations
+    and an evaluation): how fast a trial trains while the others run beside it."""
+    by: dict[Any, list[tuple[int, float]]] = {}
+    for x in reports:
+        by.setdefault(x["trial"], []).append((x["iteration"], x["t"]))
+    gaps = sorted(
+        t1 - t0
+        for runs in map(sorted, by.values())
+        for (i0, t0), (i1, t1) in itertools.pairwise(runs)
+        if i1 - i0 == a.eval_interval
+    )
+    return gaps[len(gaps) // 2] if gaps else float("nan")
 
 
 def main() -> None:
@@ -244,6 +279,7 @@ def main() -> None:
         help="a fixed answer: the time to the first report at or above it (the ratio's measure where "
         "every peer reaches it in every round, else the relative answer's)",
     )
+    p.add_argument("--dump", type=Path, help="write every peer's runs, reports included, to this JSON file")
     a = p.parse_args()
     env = {**os.environ, "OMP_NUM_THREADS": "1", "RAY_ADDRESS": ""}
     env.pop("RAY_ADDRESS")
@@ -260,6 +296,8 @@ def main() -> None:
             r = peers[name](where)
             results[name].append(r)
             print(f"round {rnd + 1}: {name}: exit {r['rc']}, wall {r['wall']:.1f} s", flush=True)
+    if a.dump:
+        a.dump.write_text(json.dumps(results, default=str))
     best = max(
         (x["acc"] for runs in results.values() for r in runs for x in r["reports"]), default=float("nan")
     )
@@ -267,7 +305,8 @@ def main() -> None:
         f"\nbest {OBJECTIVE} any peer reached: {best:.4f}; answer = within {TOLERANCE}; target = {a.target}"
     )
     columns = (("wall s", 9), ("CPU s", 9), ("trials", 8), ("stopped", 9))
-    columns += (("iters", 9), ("best", 8), ("first s", 9), ("answer s", 10), (f"{a.target} s", 9))
+    columns += (("iters", 9), ("best", 8), ("first s", 9), ("s/report", 10), ("answer s", 10))
+    columns += ((f"{a.target} s", 9),)
     print(f"{'peer':<14}" + "".join(f"{c:>{w}}" for c, w in columns))
     median = {"answer": {}, "target": {}}
     for name, runs in results.items():
@@ -283,7 +322,8 @@ def main() -> None:
             first = min((x["t"] - r["t0"] for x in r["reports"]), default=float("nan"))  # start-up
             print(
                 f"{name:<14}{r['wall']:>9.1f}{r['cpu']:>9.1f}{len(last):>8}{r['stopped']:>9}"
-                f"{sum(last.values()):>9}{top:>8.3f}{first:>9.1f}{times['answer'][-1]:>10.1f}"
+                f"{sum(last.values()):>9}{top:>8.3f}{first:>9.1f}{_pace(r['reports'], a):>10.2f}"
+                f"{times['answer'][-1]:>10.1f}"
                 f"{times['target'][-1]:>9.1f}"
             )
         for kind in times:
