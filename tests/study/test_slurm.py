@@ -313,7 +313,10 @@ def run_script(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Callable[.
                         assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
                         time.sleep(0.05)
                     proc.send_signal(send)
-                code = proc.wait(30)
+                try:
+                    code = proc.wait(30)
+                except subprocess.TimeoutExpired:  # what the script did is the diagnosis
+                    pytest.fail(f"the script did not end within 30 s; it wrote:\n{log.read_text()}")
             finally:
                 if proc.poll() is None:
                     proc.kill()
