@@ -13,8 +13,12 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
+from types import ModuleType
 from typing import Any
 
+import ray._private.ray_constants as ray_constants
+import ray._private.worker as ray_worker
+from ray._private.node import Node
 from ray.train._internal.session import _TrainingResult
 from ray.tune import ExperimentAnalysis
 from ray.tune.execution.tune_controller import TuneController
@@ -33,13 +37,14 @@ __all__ = [
     "search_alg",
     "searcher_experiment",
     "set_trial_count",
+    "stop_local_monitor",
     "storage",
     "training_result",
 ]
 
 RAY_CHECKED = "2.60.0"
 
-PRIVATE: dict[type, tuple[str, ...]] = {
+PRIVATE: dict[type | ModuleType, tuple[str, ...]] = {
     TuneController: (
         "_scheduler_alg",
         "_search_alg",
@@ -64,8 +69,12 @@ PRIVATE: dict[type, tuple[str, ...]] = {
     # study.export._TuneTrials
     TBXLoggerCallback: ("_summary_writer_cls", "_trial_writer", "_trial_result"),
     ExperimentAnalysis: ("_fetch_trial_dataframes",),
+    # the local instance's processes, for `stop_local_monitor`
+    ray_worker: ("_global_node",),
+    Node: ("all_processes",),
+    ray_constants: ("PROCESS_TYPE_MONITOR",),
 }
-"""Ray's classes and the private names of theirs this project uses."""
+"""Ray's classes and modules, and the private names of theirs this project uses."""
 
 
 def controller_of(tune_controller: Any) -> Any:
@@ -88,6 +97,24 @@ def callbacks(controller: Any) -> list[Any]:
 
 def storage(controller: Any) -> Any:
     return controller._storage
+
+
+def stop_local_monitor() -> int:
+    """Kill the autoscaler monitor of the Ray instance this process started, before
+    ``ray.shutdown``; returns how many were killed. Ray stops the GCS first, and the monitor then
+    spends its whole 1 s of grace reporting its own end to a GCS that is gone (1.01 s of every
+    study's exit, measured on Ray 2.60). A single machine's monitor autoscales nothing and keeps
+    no state; a driver that joined a cluster started none."""
+    node = ray_worker._global_node
+    if node is None:
+        return 0
+    killed = 0
+    for info in node.all_processes.get(ray_constants.PROCESS_TYPE_MONITOR, []):
+        if info.process.poll() is None:
+            info.process.kill()
+            info.process.wait(timeout=5)
+            killed += 1
+    return killed
 
 
 def set_trial_count(search_alg: Any, total: int, created: int) -> None:
