@@ -305,6 +305,10 @@ def run_script(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Callable[.
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 env=env,
+                # Slurm starts a batch script with SIGINT at its default; a test process started
+                # as a background job (`make test &`) has it ignored, and bash can trap no signal
+                # it was started ignoring: its INT trap would never run
+                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
             )
             try:
                 if send is not None:
