@@ -210,6 +210,7 @@ def _ray_lifetime() -> Iterator[None]:
             local = reaper.started()  # a local instance: GCS, raylet, its agents, workers
             with contextlib.suppress(Exception):
                 ray_private.stop_local_monitor()
+            with contextlib.suppress(Exception):
                 ray.shutdown()
             # an agent can outlive its raylet stopped mid-start (45 s seen), or be started after
             # the list above and orphaned by the shutdown: listed again, as the driver's orphans
