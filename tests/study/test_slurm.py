@@ -309,6 +309,7 @@ def run_script(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Callable[.
                 # as a background job (`make test &`) has it ignored, and bash can trap no signal
                 # it was started ignoring: its INT trap would never run
                 preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+                start_new_session=True,  # its stand-ins go with it, even from a failed test
             )
             try:
                 if send is not None:
@@ -322,8 +323,8 @@ def run_script(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Callable[.
                 except subprocess.TimeoutExpired:  # what the script did is the diagnosis
                     pytest.fail(f"the script did not end within 30 s; it wrote:\n{log.read_text()}")
             finally:
-                if proc.poll() is None:
-                    proc.kill()
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)  # what is left of it: nothing, once it ended
         return Ran(code, log.read_text().splitlines(), calls.read_text().splitlines())
 
     return run
