@@ -1,10 +1,10 @@
 """Interrupt a real study (Ctrl-C, or SIGKILL of the driver and everything it started) and
 resume it: exactly num_samples trials at the end, nothing finished runs again, an early-stopped
-trial stays stopped, Optuna keeps every trial. Every case runs with Tune's progress table on (as
-users run it) and off (``--quiet``): a resumed study keeps the table of its first run. The table
-cases run the shipped spec, two trials at a time, as users do; the quiet ones one at a time,
-which is a case of its own for the resume (a kill finds fewer trials in flight) and one Ray
-worker cheaper (docs/tests.md)."""
+trial stays stopped, Optuna keeps every trial. Every case runs the shipped spec with Tune's
+progress table on, two trials at a time, as users run it: a resumed study keeps the table of its
+first run. The late SIGKILL also runs ``--quiet``, one trial at a time: a kill that finds fewer
+trials in flight is a case of its own for the resume. Ctrl-C and a kill as a trial ends meet
+``--quiet`` and one trial at a time in the kill campaigns (tests/study/test_kill_campaign.py)."""
 
 from __future__ import annotations
 
@@ -36,7 +36,6 @@ def _result_lines(storage: Path) -> dict[str, int]:
     return counts
 
 
-TABLE = pytest.mark.parametrize("table", ["table", "quiet"])
 OWN_RAY = True
 """A SIGKILLed driver takes its own Ray instance with it, as in a terminal. Killed while joined to
 the tests' shared instance instead, an ended trial's result.json on the storage grew at the
@@ -107,16 +106,14 @@ def _resume_and_check(storage: Path, tmp_path: Path, table: str = "quiet") -> pd
     return after
 
 
-@TABLE
-def test_ctrl_c_then_resume(driver: Callable[..., Driver], tmp_path: Path, table: str) -> None:
-    d = driver("run", _spec(table, tmp_path, times=10), "--storage", str(tmp_path), *_flags(table))
+def test_ctrl_c_then_resume(driver: Callable[..., Driver], tmp_path: Path) -> None:
+    table = "table"
+    d = driver("run", _spec(table, tmp_path, times=10), "--storage", str(tmp_path))
     d.wait_until(finished(tmp_path, NAME, at_least=2))
     assert d.interrupt() == 130
     assert f"ponder-study resume {NAME}" in d.output()
-    if table == "table":  # not Tune's "Result logdir", the driver's staging folder under /tmp/ray
-        assert f"Results: {tmp_path} (" in d.output() and "Result logdir" not in d.output(), d.output()[
-            -2000:
-        ]
+    # not Tune's "Result logdir", the driver's staging folder under /tmp/ray
+    assert f"Results: {tmp_path} (" in d.output() and "Result logdir" not in d.output(), d.output()[-2000:]
     before = trials(tmp_path, NAME)
     assert len(before) < SMOKE.search.num_samples or not before["status"].isin(ENDED).all()
     lines = _result_lines(tmp_path)
@@ -128,7 +125,7 @@ def test_ctrl_c_then_resume(driver: Callable[..., Driver], tmp_path: Path, table
         )
 
 
-@TABLE
+@pytest.mark.parametrize("table", ["table", "quiet"])
 def test_sigkill_late_in_study_then_resume(driver: Callable[..., Driver], tmp_path: Path, table: str) -> None:
     """SIGKILL once most trials have ended, with Tune's periodic snapshots of its experiment
     state an hour apart: trials created after the first snapshot and ended since must still be
@@ -143,11 +140,8 @@ def test_sigkill_late_in_study_then_resume(driver: Callable[..., Driver], tmp_pa
     _resume_and_check(tmp_path, tmp_path, table)
 
 
-@TABLE
 @pytest.mark.parametrize("how", ["completed", "stopped"])
-def test_sigkill_as_a_trial_ends_then_resume(
-    driver: Callable[..., Driver], tmp_path: Path, how: str, table: str
-) -> None:
+def test_sigkill_as_a_trial_ends_then_resume(driver: Callable[..., Driver], tmp_path: Path, how: str) -> None:
     """SIGKILL the instant a ledger says a trial ended (it reached its budget, or ASHA stopped
     it), before the Parquet is rewritten and before Tune's periodic copy of its result.json to
     the storage. A resume never trains that trial again, so its reports must be saved already
@@ -159,16 +153,14 @@ def test_sigkill_as_a_trial_ends_then_resume(
     metric (None against a float), then in the export of a trial without a directory, and never
     resume again (issue 10). ``export`` of that state must work too."""
     env = {"TUNE_GLOBAL_CHECKPOINT_S": "3600"}
-    d = driver(
-        "run", _spec(table, tmp_path), "--storage", str(tmp_path), *_flags(table), env=env, own_ray=OWN_RAY
-    )
+    d = driver("run", NAME, "--storage", str(tmp_path), env=env, own_ray=OWN_RAY)
     d.wait_until(ledger_has(tmp_path, NAME, how), poll=0.002)
     d.kill()
     exported = cli("export", NAME, "--storage", str(tmp_path))
     assert exported.returncode == 0, exported.stderr[-3000:]
     ended = trials(tmp_path, NAME)
     assert ended["status"].isin(ENDED).sum() >= 1, ended[["trial_id", "status"]]
-    _resume_and_check(tmp_path, tmp_path, table)
+    _resume_and_check(tmp_path, tmp_path, "table")
 
 
 def test_resume_of_a_finished_study_runs_nothing(smoke: tuple[Path, object], tmp_path: Path) -> None:
