@@ -153,7 +153,7 @@ def test_a_lost_node_costs_only_the_work_since_the_last_checkpoint(
 ) -> None:
     bucket = s3.bucket()
     storage = f"{bucket}/ponder"
-    budget, every = 1500, 100
+    budget, every = 800, 100
     spec = _spec(tmp_path, iterations=budget, eval_interval=every, grace=budget, num_samples=4)
     run = Driver(
         "run", str(spec), "--name", "lost", "--address", cluster.address, "--storage", storage, "--quiet",
