@@ -2,7 +2,9 @@
 
 Exit codes: 0 done, 1 an error or errored trials (one line, the traceback in a log file, and
 the command to continue), 2 bad input (one line on stderr says what and how to fix it), 130
-the study was stopped by a signal (Ctrl-C, SIGTERM, SIGHUP) and can be resumed.
+the study was stopped by a signal (Ctrl-C, SIGTERM, SIGHUP) and can be resumed, 141 the
+output's reader went (``| head`` that has its lines, a pager that quit): a study stopped so can be
+resumed, and the other verbs end in silence, as ``cat`` does.
 
 One `Command` per verb, each with its arguments beside what it does (`study.cli.drive`: run and
 resume; `study.cli.read`: the verbs that read a study; `study.cli.specs`: those about a spec;
@@ -22,6 +24,7 @@ from typing import NoReturn
 
 from study.cli.base import (
     EXIT_INTERRUPTED,
+    EXIT_OUTPUT_CLOSED,
     EXIT_USAGE,
     PROG,
     Command,
@@ -29,6 +32,7 @@ from study.cli.base import (
     Versions,
     WordsCommand,
     fail,
+    output_closed,
     storage_arg,
 )
 from study.cli.drive import Resume, Run
@@ -122,6 +126,10 @@ def entry() -> NoReturn:
     except KeyboardInterrupt:  # before a command's own handling began (its arguments being read)
         print(f"{PROG}: interrupted before it started; run it again: {run_again()}", file=sys.stderr)
         code = EXIT_INTERRUPTED
+    except BrokenPipeError as e:  # stdout's reader has gone, as after `cat file | head`: quietly
+        if not output_closed(e):
+            raise
+        code = EXIT_OUTPUT_CLOSED
     import atexit
     import logging
 
@@ -132,6 +140,11 @@ def entry() -> NoReturn:
     with contextlib.suppress(Exception):
         atexit._run_exitfuncs()
     logging.shutdown()
-    sys.stdout.flush()
+    try:
+        sys.stdout.flush()  # what was printed last is written now: its reader may have gone
+    except BrokenPipeError as e:
+        if not output_closed(e):
+            raise
+        code = code or EXIT_OUTPUT_CLOSED
     sys.stderr.flush()
     os._exit(code)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import select
 import sys
 import textwrap
 from collections.abc import Iterator, Sequence
@@ -19,6 +20,7 @@ from study.hints import DEFAULT_STORAGE
 __all__ = [
     "EXIT_ERROR",
     "EXIT_INTERRUPTED",
+    "EXIT_OUTPUT_CLOSED",
     "EXIT_USAGE",
     "PROG",
     "STORAGE_ENV",
@@ -30,6 +32,7 @@ __all__ = [
     "add_storage",
     "fail",
     "must_exist",
+    "output_closed",
     "reach",
     "refusing",
     "storage_arg",
@@ -38,6 +41,8 @@ __all__ = [
 EXIT_ERROR = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
+EXIT_OUTPUT_CLOSED = 141
+"""128 + SIGPIPE: what a shell reports for ``cat file | head`` once ``head`` has exited."""
 STORAGE_ENV = "PONDER_STUDY_STORAGE"
 
 
@@ -97,6 +102,33 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see --help)\n")
+
+
+_output_closed = False
+
+
+def output_closed(error: BaseException) -> bool:
+    """Whether ``error`` is stdout's reader gone (``| head`` that has read its lines, a pager that
+    quit), not a broken connection to a storage or to Ray. If so, stdout now goes to /dev/null,
+    so that nothing later (the exit's flush included) fails on it again."""
+    global _output_closed
+    if not isinstance(error, BrokenPipeError):
+        return False
+    if _output_closed:
+        return True
+    try:
+        fd = sys.stdout.fileno()
+        poll = select.poll()
+        poll.register(fd, select.POLLOUT)
+        gone = any(events & select.POLLERR for _, events in poll.poll(0))  # a pipe with no reader
+    except (OSError, ValueError, AttributeError):  # no stdout, or one without a descriptor
+        return False
+    if gone:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, fd)
+        os.close(devnull)
+        _output_closed = True
+    return gone
 
 
 def fail(message: str) -> NoReturn:

@@ -20,12 +20,14 @@ from typing import TYPE_CHECKING, Any
 from study.cli.base import (
     EXIT_ERROR,
     EXIT_INTERRUPTED,
+    EXIT_OUTPUT_CLOSED,
     PROG,
     Command,
     add_address,
     add_storage,
     fail,
     must_exist,
+    output_closed,
     reach,
 )
 from study.commands import run_again
@@ -78,6 +80,12 @@ class Driver(Command):
         except _refused() as e:
             fail(str(e))
         except Exception as e:  # a full disk, a storage outage, a bug: one line, the traceback kept
+            if output_closed(e):  # a pipe into `head` that has its lines, a pager that quit
+                print(
+                    f"{PROG}: its output was closed (its reader exited), so it stopped; {then.hint()}",
+                    file=sys.stderr,
+                )
+                return EXIT_OUTPUT_CLOSED
             return _failed(e, then)
         finally:
             for sig, previous in handlers.items():

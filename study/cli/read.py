@@ -10,7 +10,17 @@ import sys
 from pathlib import Path
 from typing import ClassVar
 
-from study.cli.base import EXIT_INTERRUPTED, PROG, Command, add_storage, fail, must_exist, reach, refusing
+from study.cli.base import (
+    EXIT_INTERRUPTED,
+    PROG,
+    Command,
+    add_storage,
+    fail,
+    must_exist,
+    output_closed,
+    reach,
+    refusing,
+)
 from study.commands import run_again
 from study.hints import DEFAULT_STORAGE, count
 from study.lease import LeaseHeld
@@ -43,6 +53,8 @@ class StudyReader(Command):
             try:
                 return self.read(args, storage)
             except OSError as e:  # pyarrow's errors reaching a remote storage (credentials, bucket, network)
+                if output_closed(e):  # not the storage: `status | head` has its lines (`entry`)
+                    raise
                 fail(f"could not read or write storage {storage}: {' '.join(str(e).split())}")
             except (SpecError, LeaseHeld) as e:
                 fail(str(e))

@@ -289,6 +289,35 @@ def test_version_names_what_a_bug_report_needs_without_loading_it() -> None:
     assert (command.returncode, command.stdout, command.stderr) == (0, line + "\n", ""), command
 
 
+OUTPUT_CLOSED = """
+import sys
+from study.cli.base import output_closed
+assert not output_closed(BrokenPipeError())  # stdout's reader is there: a storage's or Ray's pipe
+assert not output_closed(OSError())
+print("ready", flush=True)
+sys.stdin.readline()  # the test closes its end of stdout, then sends a line
+assert output_closed(BrokenPipeError())
+print("not written", flush=True)  # stdout now goes to /dev/null: no second error
+"""
+
+
+def test_a_broken_pipe_is_the_outputs_only_when_stdouts_reader_has_gone() -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", OUTPUT_CLOSED],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+    )
+    assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+    assert proc.stdout.readline() == "ready\n", proc.stderr.read()
+    proc.stdout.close()
+    proc.stdin.write("\n")
+    proc.stdin.close()
+    assert proc.wait(timeout=60) == 0, proc.stderr.read()
+
+
 @pytest.mark.parametrize(
     "argv",
     [

@@ -9,6 +9,7 @@ trials in flight is a case of its own for the resume. Ctrl-C and a kill as a tri
 from __future__ import annotations
 
 import shutil
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
@@ -19,7 +20,17 @@ import pytest
 from study.search import TUNE_ID_ATTR, optuna_storage
 from study.spec import load_spec
 from study.storage import StudyPaths
-from tests.study.conftest import Driver, cli, finished, history, ledger_has, smoke_spec, trials
+from tests.study.conftest import (
+    CLI,
+    Driver,
+    cli,
+    driver_env,
+    finished,
+    history,
+    ledger_has,
+    smoke_spec,
+    trials,
+)
 
 pytestmark = pytest.mark.slow
 NAME = "parity-smoke"
@@ -123,6 +134,36 @@ def test_ctrl_c_then_resume(driver: Callable[..., Driver], tmp_path: Path) -> No
         assert n == after.loc[trial_id, "reports"], (
             f"{trial_id} repeated reports ({lines.get(trial_id)} before)"
         )
+
+
+def test_a_closed_output_ends_the_driver_with_the_resume_command(tmp_path: Path) -> None:
+    """``ponder-study run ... | head -3``: once ``head`` has its lines, the progress table's next
+    write fails (EPIPE). The driver exits 141, its last line on stderr the command that resumes
+    the study (it said "error: BrokenPipeError", exit 1). The table is redrawn every 15 s, so the
+    smoke study ends before that write, the one that closes the table: the resume finds it
+    finished and intact. A study stopped at a redraw resumes as after any error in Tune's loop
+    (`test_stops`' full disk; by hand, a smoke study 300 times longer stopped at 15 s, and its
+    resume finished its 6 trials from their checkpoints)."""
+    args = ["run", NAME, "--storage", str(tmp_path)]
+    proc = subprocess.Popen(
+        [*CLI, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=driver_env(args)
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    try:
+        head = [proc.stdout.readline() for _ in range(3)]  # what `head -3` reads, then it exits
+        proc.stdout.close()
+        err = proc.stderr.read()
+        code = proc.wait(timeout=300)
+    finally:
+        proc.kill()
+    assert "== Status ==" in "".join(head), head
+    assert code == 141, err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
+    assert err.splitlines()[-1] == (
+        f"ponder-study: its output was closed (its reader exited), so it stopped; "
+        f"resume it with: ponder-study resume {NAME} --storage {tmp_path}"
+    ), err[-2000:]
+    _resume_and_check(tmp_path, tmp_path, "table")
 
 
 @pytest.mark.parametrize("table", ["table", "quiet"])

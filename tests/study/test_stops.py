@@ -170,6 +170,29 @@ def test_run_help_names_the_specs_storage() -> None:
     assert "spec's [run] storage" in " ".join(cli("run", "--help").stdout.split())
 
 
+@pytest.mark.parametrize("verb", [["status", "parity-smoke"], ["check", "parity"]])
+def test_a_reader_that_has_gone_ends_the_command_in_silence(
+    smoke: tuple[Path, object], verb: list[str]
+) -> None:
+    """``ponder-study status NAME | head -1``: once ``head`` has its line, the rest of the output
+    has nowhere to go. The command ends as ``cat`` does: exit 141, nothing on stderr (``status``
+    said "could not read or write storage ...: Broken pipe", exit 2, blaming the storage)."""
+    storage, _ = smoke
+    args = [*verb, "--storage", str(storage)] if verb[0] == "status" else verb
+    proc = subprocess.Popen(
+        [*CLI, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # the reader gone before the command writes a line
+    err = proc.stderr.read()
+    assert proc.wait(timeout=120) == 141, err[-2000:]
+    assert err == ""
+
+
 # -- hints that work when pasted ------------------------------------------------------------------
 def _paste(line: str, marker: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     """Run the command a line gives after ``marker`` in bash, as a user pasting it would (a user
