@@ -14,6 +14,8 @@ travels with the study folder. How it is held depends on the storage:
   store's own clock (``Last-Modified`` against the response's ``Date``), or whose holder was on
   this host and is gone (pid and start time), is taken over with ``If-Match``: a resume after a
   driver on another host was killed is refused for at most one TTL (``lease_ttl_s``, 30 s).
+  A driver whose lease was taken over that way (suspended, asleep, cut off from the store for
+  a TTL) ends at its next renewal, exit 1, writing nothing more.
   Without boto3, or on a store without conditional writes (``gs://``), the lease is advisory:
   read, then written, which two drivers starting within the same second can both pass.
 """
@@ -25,6 +27,7 @@ import json
 import os
 import shlex
 import socket
+import sys
 import threading
 import time
 import uuid
@@ -32,15 +35,17 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, NoReturn
 
-from study.commands import command_name
+from study.commands import PROG, command_name
 from study.storage import StudyPaths, is_remote, read_bytes, resolve, write_bytes
 
-__all__ = ["LEASE_TTL_S", "Lease", "LeaseHeld", "hold_lease"]
+__all__ = ["EXIT_TAKEN_OVER", "LEASE_TTL_S", "Lease", "LeaseHeld", "hold_lease"]
 
 LEASE_TTL_S = 30.0
 """How long an object-store lease lasts without renewal (renewed every third of it)."""
+EXIT_TAKEN_OVER = 1
+"""The exit code of a driver whose object-store lease another driver took over (an error)."""
 
 
 class LeaseHeld(RuntimeError):
@@ -241,6 +246,28 @@ class _S3Lease:
         assert self.etag is not None
         return self._put(IfMatch=self.etag)
 
+    def holder(self) -> dict[str, Any] | None:
+        """Who ``lease.json`` names now (None: no lease there), this lease's ETag brought up to
+        date when it is still this one (a renewal that reached the store, its answer lost)."""
+        try:
+            r = self.s3.get_object(Bucket=self.bucket, Key=self.key)
+        except self._error as e:
+            if getattr(e, "response", {}).get("Error", {}).get("Code") in ("NoSuchKey", "404"):
+                return None
+            raise
+        holder = _parse(r["Body"].read())
+        if holder.get("uuid") == self.lease.uuid:
+            self.etag = r["ETag"]
+        return holder
+
+    def still_mine(self) -> dict[str, Any] | None:
+        """After a refused renewal: None if the lease is still this driver's (or was gone and is
+        taken again), else who holds it now."""
+        holder = self.holder()
+        if holder is None:
+            return None if self._put(IfNoneMatch="*") else self.holder() or {}
+        return None if holder.get("uuid") == self.lease.uuid else holder
+
     def release(self) -> None:
         with contextlib.suppress(Exception):
             r = self.s3.head_object(Bucket=self.bucket, Key=self.key)
@@ -264,8 +291,8 @@ def _hold_remote(paths: StudyPaths, lease: Lease) -> Iterator[None]:
     def renew() -> None:
         while not stop.wait(lease.ttl_s / 3):
             try:
-                if not s3.renew():
-                    return  # taken over: the other driver's lease stands
+                if not s3.renew() and (holder := s3.still_mine()) is not None:
+                    _taken_over(s3, holder)
             except Exception:  # a storage hiccup: try again at the next period
                 continue
 
@@ -276,6 +303,21 @@ def _hold_remote(paths: StudyPaths, lease: Lease) -> Iterator[None]:
     finally:
         stop.set()
         s3.release()
+
+
+def _taken_over(s3: _S3Lease, holder: dict[str, Any]) -> NoReturn:
+    """Another driver holds the study now: this one went a whole TTL without renewing its lease
+    (suspended with Ctrl-Z, a laptop asleep, cut off from the store), and a resume took it over.
+    Two drivers writing one study's state would each undo the other's, so this one ends at once
+    and writes nothing more, as a SIGKILL would end it: a stop every study survives."""
+    print(
+        f"{PROG}: error: study {s3.paths.name!r} was taken over by {_describe(holder)}, this driver's "
+        f"lease having gone {s3.lease.ttl_s:.0f} s without renewal (suspended, asleep or cut off from the "
+        "store); this driver stopped, writing nothing more",
+        file=sys.stderr,
+        flush=True,
+    )
+    os._exit(EXIT_TAKEN_OVER)
 
 
 def _hold_advisory(paths: StudyPaths, lease: Lease) -> Iterator[None]:

@@ -128,6 +128,53 @@ def test_an_s3_lease_is_conditional_renewed_and_taken_over_when_stale(s3: S3) ->
 
 
 @pytest.mark.slow
+def test_a_driver_whose_s3_lease_was_taken_over_stops_at_once(s3: S3) -> None:
+    """A driver suspended (Ctrl-Z) past its lease's TTL, and a resume meanwhile took the study
+    over: when it runs again, its next renewal is refused, and it ends at once, exit 1, one line
+    naming the new holder (it went on before, and two drivers wrote one study)."""
+    root = s3.bucket()
+    paths = StudyPaths(root, "s")
+    holder = _holder(root, ttl_s=1.5)
+    try:
+        holder.send_signal(signal.SIGSTOP)  # Ctrl-Z
+        time.sleep(3.0)  # past its TTL by the store's clock, which counts whole seconds
+        with hold_lease(paths, "resume") as lease:
+            holder.send_signal(signal.SIGCONT)  # `fg`: it renews within a third of its TTL
+            assert holder.wait(timeout=10) == 1
+            assert json.loads(read_bytes(paths.lease) or b"{}")["uuid"] == lease.uuid  # untouched
+    finally:
+        holder.kill()
+    assert holder.stderr is not None
+    err = holder.stderr.read()
+    assert err.count("\n") == 1, err
+    assert f"study 's' was taken over by `resume` (pid {os.getpid()} on host " in err, err
+    assert "this driver stopped, writing nothing more" in err, err
+
+
+@pytest.mark.slow
+def test_a_renewal_whose_answer_was_lost_keeps_the_lease(s3: S3) -> None:
+    """A renewal can reach the store and its answer be lost (a timeout): the lease's ETag then
+    changed under the driver, and its next renewal is refused. The lease still names this driver,
+    so it keeps it and goes on renewing, never stopping a healthy study as taken over."""
+    root = s3.bucket()
+    paths = StudyPaths(root, "s")
+    holder = _holder(root, ttl_s=1.5)
+    try:
+        mine = read_bytes(paths.lease)
+        assert mine is not None
+        with s3.fs().open_output_stream(paths.lease.removeprefix("s3://")) as f:
+            f.write(mine)  # the same lease, a new ETag, as that lost renewal leaves it
+        info = s3.fs().get_file_info(paths.lease.removeprefix("s3://"))
+        time.sleep(2.5)  # renewals every 0.5 s: the first refused, the next ones made
+        assert holder.poll() is None, holder.stderr.read() if holder.stderr else ""
+        assert read_bytes(paths.lease) == mine
+        assert s3.fs().get_file_info(paths.lease.removeprefix("s3://")).mtime > info.mtime  # renewed
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+@pytest.mark.slow
 def test_two_drivers_of_one_study_at_once_one_is_refused(
     driver: Callable[..., Driver], tmp_path: Path
 ) -> None:
