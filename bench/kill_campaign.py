@@ -234,6 +234,8 @@ def _pasted_command(log: Path) -> list[str] | None:
             return shlex.split(last.split(marker, 1)[1])
     if lines and "Parquet:" in last:  # it had finished: the summary's last line
         return ["ponder-study", "resume", last.split("study=", 1)[-1].split("/", 1)[0]]
+    if "nothing to resume" in last:  # a resume that found it finished, before the signal came
+        return ["ponder-study", "resume", last.split("study '", 1)[-1].split("'", 1)[0]]
     return None
 
 

@@ -34,6 +34,29 @@ def _campaign(tmp_path: Path, **settings: object) -> tuple[int, list[object], st
     return survived, kills, "\n".join(lines)
 
 
+@pytest.mark.parametrize(
+    ("last", "command"),
+    [
+        ("ponder-study: interrupted; resume it with: ponder-study resume k-0 --storage '/a b'",
+         ["ponder-study", "resume", "k-0", "--storage", "/a b"]),
+        ("Parquet: /s/trials/study=k-0/trials.parquet  (history: /s/history/study=k-0/history.parquet)",
+         ["ponder-study", "resume", "k-0"]),
+        ("ponder-study: study 'k-0' is finished (4 trials): nothing to resume; to add trials: "
+         "ponder-study resume k-0 --storage /s --more N", ["ponder-study", "resume", "k-0"]),
+        ("ponder-study: error: something else", None),
+    ],
+    ids=["interrupted", "finished", "finished-before-the-resume", "other"],
+)  # fmt: skip
+def test_the_campaign_reads_what_a_stopped_driver_said_to_run(
+    tmp_path: Path, last: str, command: list[str] | None
+) -> None:
+    """A driver the signal reached after it had found its study finished (seen in CI: a resume
+    said "nothing to resume", and the campaign counted its last line as no command to go on)."""
+    log = tmp_path / "driver.log"
+    log.write_text(f"some output\n{last}\n")
+    assert _bench()._pasted_command(log) == command  # type: ignore[attr-defined]
+
+
 def test_a_study_survives_sigkills_at_drawn_moments(tmp_path: Path) -> None:
     # two kills, the table on for one and off for the other; the breadth (many seeds, a uniform
     # window, signals, S3 and a cluster: --seeds, --uniform, --signals) is bench/kill_campaign.py's
