@@ -24,7 +24,7 @@ import copy
 import logging
 import os
 from collections import Counter
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -279,9 +279,12 @@ def run_study(
     verbose: int = 1,
     warm_start: Sequence[Mapping[str, Any]] = (),
     resume_hint: str | None = None,
+    on_written: Callable[[], None] | None = None,
 ) -> StudyOutcome:
     """Start a new study named ``spec.name`` under ``spec.run.storage`` and run it to the end;
-    ``warm_start`` configurations (`study.warmstart`) are its first trials."""
+    ``warm_start`` configurations (`study.warmstart`) are its first trials. ``on_written`` is
+    called once the study is on the storage (its spec saved): from then on `resume_study`
+    continues it, however this run ends."""
     _check_fault_drill()
     paths = StudyPaths(spec.run.storage, spec.name)
     with hold_lease(paths, "run"), _ray_lifetime():  # the lease first: two runs of one name, one wins
@@ -293,6 +296,8 @@ def run_study(
             )
         _init_ray(address, paths)  # before anything is written: a run that cannot start leaves no study
         write_bytes(paths.spec, spec.source.encode())
+        if on_written is not None:
+            on_written()
         return _fit(spec, paths, address, verbose, restore=False, warm_start=warm_start)
 
 

@@ -47,13 +47,16 @@ __all__ = ["Driver", "Resume", "Run"]
 
 class _Continue:
     """What the last line tells the user to do next: resume the study once it is known (its
-    name and storage), else run this command line again."""
+    name and storage) and written, else run this command line again. A `run` stopped while Ray
+    starts has written nothing yet, and ``resume`` would find no study."""
 
     def __init__(self, study: tuple[str, str] | None = None) -> None:
         self.study = study
+        self.written = True
+        """Whether the study is on the storage (a `run` sets it once its spec is saved)."""
 
     def hint(self) -> str:
-        if self.study:
+        if self.study and self.written:
             return f"resume it with: {resume_command(*self.study)}"
         return f"run it again: {run_again()}"
 
@@ -138,7 +141,7 @@ def _ended(outcome: StudyOutcome, then: _Continue) -> int:
 
 def _failed(error: Exception, then: _Continue) -> int:
     """One line for an unexpected error, its traceback kept in a log file; exit code 1."""
-    log = _log_failure(*(then.study or (None, None)))
+    log = _log_failure(*(then.study if then.study and then.written else (None, None)))
     what = " ".join(f"{type(error).__name__}: {error}".split())[:300]
     if (full := full_disk(error, then.study[1] if then.study else None)) is not None:
         where, free = full
@@ -222,13 +225,18 @@ class Run(Driver):
         reach(storage, write=True)
         runner = _runner()
         points = _warm_start(args.warm_start, storage, spec, args.top) if args.warm_start else []
-        then.study = (spec.name, storage)
+        then.study, then.written = (spec.name, storage), False
+
+        def written() -> None:  # from here on `resume` continues the study
+            then.written = True
+
         outcome: StudyOutcome = runner.run_study(
             spec,
             address=args.address,
             verbose=0 if args.quiet else 1,
             warm_start=points,
             resume_hint=resume_command(spec.name, storage),
+            on_written=written,
         )
         return outcome
 

@@ -371,7 +371,10 @@ def test_a_stop_while_ray_starts_exits_130_with_the_hint(
     assert rc == 130, f"exit {rc}:\n{text[-3000:]}"
     assert "Traceback" not in text, text[-3000:]
     last = text.strip().splitlines()[-1]
-    assert last.startswith("ponder-study: interrupted") and "ponder-study " in last.split(": ", 2)[-1], last
+    # nothing was written yet: the command to paste is the same `run` (a resume would find no study)
+    run_again = f"ponder-study run parity-smoke --num-samples 2 --storage {shlex.quote(str(tmp_path))}"
+    assert last == f"ponder-study: interrupted; run it again: {run_again}", last
+    assert not StudyPaths(str(tmp_path), "parity-smoke").exists()
     deadline = time.monotonic() + 45
     while _group_alive(d.proc.pid) and time.monotonic() < deadline:
         time.sleep(0.5)
