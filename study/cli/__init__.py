@@ -94,8 +94,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     words = list(sys.argv[1:] if argv is None else argv)
     own = _BY_NAME.get(words[0]) if words else None
     if isinstance(own, WordsCommand):  # `slurm`: study.slurm's own parser, before ours reads anything
+        _check_the_current_folder()
         return own.run_words(words[1:])
-    args = build_parser().parse_args(argv)
+    args = build_parser().parse_args(argv)  # --help and --version answer wherever the shell is
+    _check_the_current_folder()
     command = _BY_NAME[args.command]
     args.storage = storage_arg(args)
     name = getattr(args, "name", None) if command.names_a_study else None
@@ -105,6 +107,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         except SpecError as e:
             fail(str(e))
     return command.run(args)
+
+
+def _check_the_current_folder() -> None:
+    """Refuse to start in a folder that was deleted or moved away under the shell: relative paths
+    (the default storage) and Ray's own start (`ray.init` reads it) would fail later, less
+    clearly, a `run` after its study had begun."""
+    try:
+        os.getcwd()
+    except FileNotFoundError:
+        fail(
+            "the current folder no longer exists (deleted or moved since this shell entered it); "
+            "cd to a folder that exists and run this again"
+        )
 
 
 def entry() -> NoReturn:

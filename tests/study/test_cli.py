@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import json
+import shlex
 import subprocess
 import sys
 import time
@@ -287,6 +288,28 @@ def test_version_names_what_a_bug_report_needs_without_loading_it() -> None:
     assert f"optuna {version('optuna')}" in line and f"Python {sys.version.split()[0]}" in line, line
     command = cli("--version", timeout=60)  # the command itself: exit 0, the same line
     assert (command.returncode, command.stdout, command.stderr) == (0, line + "\n", ""), command
+
+
+@pytest.mark.parametrize("verb", [["run", "parity-smoke"], ["list"], ["slurm", "parity-smoke"]])
+def test_a_deleted_current_folder_is_refused_in_one_line(tmp_path: Path, verb: list[str]) -> None:
+    """A shell still in a folder that was deleted (``rm -rf`` from another terminal): `run` used to
+    start the study, then fail inside ``ray.init`` with a FileNotFoundError and say to resume a
+    study it had not written; `list` blamed the storage."""
+    gone, storage = tmp_path / "gone", tmp_path / "storage"
+    gone.mkdir()
+    command = shlex.join([sys.executable, "-m", "study", *verb, "--storage", str(storage)])
+    done = subprocess.run(
+        ["bash", "-c", f"cd {shlex.quote(str(gone))} && rmdir {shlex.quote(str(gone))} && exec {command}"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stderr == (
+        "ponder-study: error: the current folder no longer exists (deleted or moved since this shell "
+        "entered it); cd to a folder that exists and run this again\n"
+    )
+    assert not storage.exists()
 
 
 OUTPUT_CLOSED = """
