@@ -52,8 +52,7 @@ class _Continue:
 
     def __init__(self, study: tuple[str, str] | None = None) -> None:
         self.study = study
-        self.written = True
-        """Whether the study is on the storage (a `run` sets it once its spec is saved)."""
+        self.written = True  # the study is on the storage (a `run` sets it once its spec is saved)
 
     def hint(self) -> str:
         if self.study and self.written:
