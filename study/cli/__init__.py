@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from study.cli.base import (
+    EXIT_ERROR,
     EXIT_INTERRUPTED,
     EXIT_OUTPUT_CLOSED,
     EXIT_USAGE,
@@ -145,6 +146,9 @@ def entry() -> NoReturn:
         if not output_closed(e):
             raise
         code = EXIT_OUTPUT_CLOSED
+    except OSError as e:  # one no verb answered: its output written to a full disk, say
+        print(f"{PROG}: error: {' '.join(str(e).split())}", file=sys.stderr)
+        code = EXIT_ERROR
     import atexit
     import logging
 
@@ -161,5 +165,9 @@ def entry() -> NoReturn:
         if not output_closed(e):
             raise
         code = code or EXIT_OUTPUT_CLOSED
+    except OSError as e:  # a full disk under the output's file
+        if code == 0:
+            print(f"{PROG}: error: {' '.join(str(e).split())}", file=sys.stderr)
+            code = EXIT_ERROR
     sys.stderr.flush()
     os._exit(code)

@@ -312,6 +312,18 @@ def test_a_deleted_current_folder_is_refused_in_one_line(tmp_path: Path, verb: l
     assert not storage.exists()
 
 
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="no /dev/full (Linux's always-full device)")
+@pytest.mark.parametrize("argv", [["check", "parity", "--no-estimate"], ["schema"], ["--version"]])
+def test_output_to_a_full_disk_is_one_line_exit_1(argv: list[str]) -> None:
+    """``ponder-study check parity > report.txt`` on a full disk: one line naming the error, not a
+    traceback (`check` printed one) or exit 0 (``--version``)."""
+    with open("/dev/full", "w") as full:
+        done = subprocess.run(
+            [sys.executable, "-m", "study", *argv], stdout=full, stderr=subprocess.PIPE, text=True, timeout=60
+        )
+    assert (done.returncode, done.stderr) == (1, "ponder-study: error: [Errno 28] No space left on device\n")
+
+
 OUTPUT_CLOSED = """
 import sys
 from study.cli.base import output_closed
