@@ -204,6 +204,9 @@ class _S3Lease:
         code = getattr(e, "response", {}).get("Error", {}).get("Code", "")
         return code in ("PreconditionFailed", "ConditionalRequestConflict", "412", "409")
 
+    def _missing(self, e: Exception) -> bool:
+        return getattr(e, "response", {}).get("Error", {}).get("Code") in ("NoSuchKey", "404")
+
     def _put(self, **condition: str) -> bool:
         try:
             r = self.s3.put_object(Bucket=self.bucket, Key=self.key, Body=self.lease.to_json(), **condition)
@@ -220,8 +223,7 @@ class _S3Lease:
         try:
             r = self.s3.get_object(Bucket=self.bucket, Key=self.key)
         except self._error as e:  # released between our two requests: try once more
-            gone = getattr(e, "response", {}).get("Error", {}).get("Code") in ("NoSuchKey", "404")
-            if gone and self._put(IfNoneMatch="*"):
+            if self._missing(e) and self._put(IfNoneMatch="*"):
                 return
             raise
         holder = _parse(r["Body"].read())
@@ -252,7 +254,7 @@ class _S3Lease:
         try:
             r = self.s3.get_object(Bucket=self.bucket, Key=self.key)
         except self._error as e:
-            if getattr(e, "response", {}).get("Error", {}).get("Code") in ("NoSuchKey", "404"):
+            if self._missing(e):
                 return None
             raise
         holder = _parse(r["Body"].read())

@@ -123,6 +123,18 @@ def _check_the_current_folder() -> None:
         )
 
 
+def _unanswered(error: OSError, code: int) -> int:
+    """The exit code after an I/O error no verb answered, ``code`` the one so far: 141 in
+    silence when stdout's reader has gone (`cat file | head` ends so), else one line on stderr
+    and 1 (output written to a full disk, say), unless ``code`` already says what went wrong."""
+    if output_closed(error):
+        return code or EXIT_OUTPUT_CLOSED
+    if code == 0:
+        print(f"{PROG}: error: {' '.join(str(error).split())}", file=sys.stderr)
+        return EXIT_ERROR
+    return code
+
+
 def entry() -> NoReturn:
     """The ``ponder-study`` command: `main`, then an exit that skips the interpreter's C-level
     teardown.
@@ -142,13 +154,8 @@ def entry() -> NoReturn:
     except KeyboardInterrupt:  # before a command's own handling began (its arguments being read)
         print(f"{PROG}: interrupted before it started; run it again: {run_again()}", file=sys.stderr)
         code = EXIT_INTERRUPTED
-    except BrokenPipeError as e:  # stdout's reader has gone, as after `cat file | head`: quietly
-        if not output_closed(e):
-            raise
-        code = EXIT_OUTPUT_CLOSED
-    except OSError as e:  # one no verb answered: its output written to a full disk, say
-        print(f"{PROG}: error: {' '.join(str(e).split())}", file=sys.stderr)
-        code = EXIT_ERROR
+    except OSError as e:  # one no verb answered: its output's reader gone, or a full disk under it
+        code = _unanswered(e, 0)
     import atexit
     import logging
 
@@ -161,13 +168,7 @@ def entry() -> NoReturn:
     logging.shutdown()
     try:
         sys.stdout.flush()  # what was printed last is written now: its reader may have gone
-    except BrokenPipeError as e:
-        if not output_closed(e):
-            raise
-        code = code or EXIT_OUTPUT_CLOSED
-    except OSError as e:  # a full disk under the output's file
-        if code == 0:
-            print(f"{PROG}: error: {' '.join(str(e).split())}", file=sys.stderr)
-            code = EXIT_ERROR
+    except OSError as e:
+        code = _unanswered(e, code)
     sys.stderr.flush()
     os._exit(code)
