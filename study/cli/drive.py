@@ -113,9 +113,14 @@ def _refused() -> tuple[type[Exception], ...]:
 
 def _runner() -> ModuleType:
     """`study.runner`, which imports Ray: only for the commands that need it."""
+    import optuna
+
     from study import runner
 
     raise_a_swallowed_stop()  # a Ctrl-C during that import
+    # stderr is for what went wrong: Optuna's INFO notices ("A new study created in Journal ...",
+    # at every run) are not the user's business; from Python, Optuna's verbosity is left as it is
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
     return runner
 
 

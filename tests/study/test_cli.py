@@ -436,6 +436,13 @@ def test_list_shows_the_shipped_specs_and_the_studies(smoke: tuple[Path, Any]) -
         assert f"{n} {status}" in rows["parity-smoke"], (status, n, out)
 
 
+def test_a_run_that_finishes_leaves_stderr_empty(smoke: tuple[Path, Any]) -> None:
+    """stderr is for what went wrong: a study that ran to the end says nothing there (Optuna's
+    INFO notice of the study it created was a line of every run)."""
+    _, done = smoke
+    assert done.stderr == "", done.stderr[-2000:]
+
+
 def test_an_unusable_ray_address_is_one_line_and_leaves_no_study(smoke: tuple[Path, Any]) -> None:
     storage, _ = smoke
     before = _snapshot(storage)
