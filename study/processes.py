@@ -109,6 +109,11 @@ def stop(processes: list[Process], grace_s: float = 1.0) -> int:
     return len(left)
 
 
+_ROUNDS = 5
+"""`Reaper.close` stops what it lists at most this many times: a tree that keeps starting
+processes as it is stopped is not waited on for ever."""
+
+
 class Reaper:
     """The processes this process starts from now on, orphans included: `started` lists them,
     `close` stops them and puts the subreaper flag back as it was. Children that were already
@@ -125,10 +130,18 @@ class Reaper:
         return [p for p in descendants(self._pid) if p not in self._before]
 
     def close(self, also: list[Process] | None = None, grace_s: float = 1.0) -> int:
-        """Stop ``also`` (an earlier `started` list) and what `started` lists now; returns how
-        many had to be signalled."""
+        """Stop ``also`` (an earlier `started` list) and what `started` lists now, then what
+        appeared meanwhile (a raylet may start an agent as it stops, orphaned here), until
+        nothing new does; returns how many had to be signalled."""
         try:
-            return stop([*(also or []), *self.started()], grace_s)
+            signalled, seen = 0, set[Process]()
+            todo = [*(also or []), *self.started()]
+            for _ in range(_ROUNDS):
+                signalled += stop(todo, grace_s)
+                seen.update(todo)
+                if not (todo := [p for p in self.started() if p not in seen]):
+                    break
+            return signalled
         finally:
             if not self._was_subreaper:
                 set_subreaper(False)

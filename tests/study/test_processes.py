@@ -47,6 +47,36 @@ def test_a_reaper_stops_the_orphans_below_it_and_spares_the_callers_children() -
         mine.wait()
 
 
+def test_a_reaper_stops_what_a_process_starts_as_it_is_stopped() -> None:
+    """A raylet stopped while its agents start can start one more as it goes: that orphan,
+    which appears after the reaper listed the processes, is stopped too, not left to init."""
+    reaper = Reaper()
+    try:
+        raylet = subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                "import signal, subprocess, sys, time\n"
+                "def going(*_):\n"
+                "    print(subprocess.Popen(['sleep', '60']).pid, flush=True)\n"
+                "    sys.exit(0)\n"
+                "signal.signal(signal.SIGTERM, going)\n"
+                "print('up', flush=True)\n"
+                "time.sleep(60)\n",
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert raylet.stdout is not None and raylet.stdout.readline() == "up\n"
+        assert reaper.close(grace_s=0.1) == 2  # the raylet, then the agent it started on SIGTERM
+        agent = int(raylet.stdout.readline())
+        raylet.wait(10)
+        # orphaned to this process (the subreaper), it has ended: waitpid collects it at once
+        assert os.waitpid(agent, os.WNOHANG)[0] == agent, "the agent started on SIGTERM still runs"
+    finally:
+        reaper.close(grace_s=0)
+
+
 def test_a_reaper_leaves_a_subreaper_caller_a_subreaper() -> None:
     assert set_subreaper(True)
     try:
