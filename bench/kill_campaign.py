@@ -3,7 +3,7 @@ moments over its whole life, resumed after each kill; prints ``kills survived <k
 
 With ``--signals`` the drivers are stopped as people stop them instead: Ctrl-C (SIGINT to the
 process group, once or twice), ``kill`` (SIGTERM), a closed terminal (SIGHUP); every fourth
-signal within a second of a new study's creation (Optuna's "study created" line). Each must
+signal within a second of a new study's creation (its Optuna journal's first record). Each must
 exit 130 (0 if it had just finished) with no traceback and, as its last line, the command that
 continues the study, which is what the campaign runs next; it prints ``signals survived <k>/<K>``.
 
@@ -64,8 +64,6 @@ from study.storage import StudyPaths, is_remote, read_study_table, resolve  # no
 ENDED = ("completed", "early_stopped", "diverged")
 MOMENTS = ("startup", "training", "trial-end", "state-save", "final-export")
 SIGNALS = ("SIGINT", "SIGINT x2", "SIGTERM", "SIGHUP")
-CREATED = "A new study created"
-"""Optuna's line when `run` creates the study: a quarter of the signals land within 1 s of it."""
 
 
 @dataclass
@@ -154,12 +152,13 @@ def _moment_reached(
     if moment == "uniform":
         delay = rng.uniform(0.0, max(c.lives, default=c.horizon))
         return lambda: time.monotonic() - start >= delay
-    if moment == "created":  # within a second of Optuna's "study created" line (or of the start)
+    if moment == "created":  # within a second of `run` creating the study in Optuna's journal
         delay = rng.uniform(0.0, 1.0)
         seen: list[float] = []
+        journal = Path(paths.optuna_journal)  # a local file, on S3 storage too (its cache)
 
         def created() -> bool:
-            if not seen and CREATED in log.read_text(errors="replace"):
+            if not seen and journal.exists() and journal.stat().st_size > 0:
                 seen.append(time.monotonic())
             return bool(seen) and time.monotonic() - seen[0] >= delay
 

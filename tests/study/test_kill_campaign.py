@@ -70,9 +70,9 @@ def test_a_study_survives_sigkills_at_drawn_moments(tmp_path: Path) -> None:
 
 def test_a_study_survives_signals_and_the_pasted_resume(tmp_path: Path) -> None:
     """The same campaign's --signals mode: Ctrl-C once or twice, SIGTERM, SIGHUP (every fourth
-    within a second of Optuna's "study created"); each driver exits 130 with no traceback and
-    its last line is the command the campaign runs next. One trial at a time: the subject is the
-    driver's signals, and the SIGKILL campaign above runs the shipped two at a time."""
+    within a second of the study's creation in Optuna's journal); each driver exits 130 with no
+    traceback and its last line is the command the campaign runs next. One trial at a time: the
+    subject is the driver's signals, and the SIGKILL campaign above runs the shipped two at a time."""
     spec = smoke_spec(tmp_path, at_once=1)
     survived, kills, report = _campaign(tmp_path, kills=3, seed=11, num_samples=4, signals=True, spec=spec)
     assert len(kills) == 3 and survived == 3, report
