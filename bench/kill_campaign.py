@@ -145,9 +145,7 @@ def _wait(proc: subprocess.Popen[bytes], until: Callable[[], bool], timeout: flo
     return False
 
 
-def _moment_reached(
-    c: Campaign, paths: StudyPaths, moment: str, rng: random.Random, log: Path
-) -> Callable[[], bool]:
+def _moment_reached(c: Campaign, paths: StudyPaths, moment: str, rng: random.Random) -> Callable[[], bool]:
     start = time.monotonic()
     if moment == "uniform":
         delay = rng.uniform(0.0, max(c.lives, default=c.horizon))
@@ -330,7 +328,7 @@ def run_campaign(c: Campaign) -> tuple[int, list[Kill]]:
             proc = _driver(c, [*verb_args, *([] if table else ["--quiet"])], log)
             started = time.monotonic()
             poll = 0.05 if is_remote(c.storage) else 0.002
-            reached = killing and _wait(proc, _moment_reached(c, paths, moment, rng, log), 600, poll)
+            reached = killing and _wait(proc, _moment_reached(c, paths, moment, rng), 600, poll)
             if reached:
                 at = time.monotonic() - started
                 kill = Kill(len(kills) + 1, name, verb_args[0], table, f"{moment}, {how}", at)
