@@ -41,22 +41,28 @@ TUNE_STATE_SIDES = (("search_gen_state", ".json"), ("searcher-state", ".pkl"))
 
 
 def _whole(fs: pafs.FileSystem, path: str) -> bool:
-    """Whether one of Tune's state files reads whole (absent counts as whole: Tune may not write it)."""
+    """Whether one of Tune's state files is there and reads whole, holding what Tune's restore
+    reads from it. Each of the three is needed: without the search generator's file Tune restores
+    the trials but not the generator, which then has no experiment to make a new trial from
+    (AttributeError at the first one); without the searcher's, Tune gives up restoring the run."""
     if fs.get_file_info(path).type != pafs.FileType.File:
-        return True
+        return False
     with fs.open_input_stream(path) as f:
         data = f.readall()
-    if path.rsplit("/", 1)[-1].startswith("experiment_state-"):
+    name = path.rsplit("/", 1)[-1]
+    if name.startswith("experiment_state-"):
         try:
-            json.loads(data)
+            state = json.loads(data)
         except ValueError:
             return False
-        return True
+        return isinstance(state, dict) and isinstance(state.get("trial_data"), list)
     try:  # the search generator's and the searcher's files are pickles (whatever their suffix)
-        pickle.loads(data)
+        state = pickle.loads(data)
     except Exception:  # a truncated pickle: EOFError, UnpicklingError, ...
         return False
-    return True
+    if name.startswith("search_gen_state-"):
+        return isinstance(state, dict) and state.get("experiment") is not None
+    return isinstance(state, dict)
 
 
 def restorable(paths: StudyPaths) -> bool:
@@ -65,8 +71,9 @@ def restorable(paths: StudyPaths) -> bool:
     ended trials' records kept: `study.runner._fit` asks Tune only for the trials still to run).
 
     Tune overwrites its state file in place, so a kill or a full disk can leave it torn; Tune
-    would then "restart the experiment" over the study. A torn newest file is set aside
-    (renamed ``*.torn``) for an older one."""
+    would then "restart the experiment" over the study. A save is its three files, restored as a
+    set: a newest set with any file torn or missing is set aside (renamed ``*.torn``) for an
+    older whole one."""
     fs, directory = resolve(paths.experiment)
     tuner_file = f"{directory}/tuner.pkl"
     if not _whole(fs, tuner_file):  # Tune rewrites it at every start, in place (ray#58179)
@@ -87,20 +94,21 @@ def restorable(paths: StudyPaths) -> bool:
         reverse=True,
     )
     for state in states:
-        # one save writes three files: the trials, the search generator's count, the searcher;
-        # a kill or a full disk can tear any of them, and Tune would restore what it could
+        # one save writes three files: the trials, the search generator, the searcher; a kill, a
+        # full disk or a partial copy can tear or lose any of them, and Tune would restore what
+        # it could
         session = state.rsplit("/", 1)[-1].removeprefix("experiment_state-").removesuffix(".json")
         files = [state, *(f"{directory}/{kind}-{session}{ext}" for kind, ext in TUNE_STATE_SIDES)]
         if all(_whole(fs, f) for f in files):
             return True
-        log.warning("Tune's state of %s is torn (killed while written): using an older one", session)
+        log.warning("Tune's state of %s is torn or incomplete: trying an older one", session)
         for f in files:
             if fs.get_file_info(f).type == pafs.FileType.File:
                 fs.move(f, f + ".torn")
     if states and read_end_records(paths):
         log.warning(
-            "Tune's only saved state was torn: the study goes on in a new Tune experiment, its ended "
-            "trials kept from their records"
+            "no whole saved state of Tune's is left: the study goes on in a new Tune experiment, its "
+            "ended trials kept from their records"
         )
     return False
 

@@ -1,7 +1,9 @@
 """A resume finds Tune's saved state torn, missing or older than the study's records (a kill or a
-full disk while Tune wrote it, a partial copy, a backup put back): it finishes the study all the
-same, with ``num_samples`` trials, none twice, and Optuna level with them. Two cases here (the
-suite's time is spent); ``bench/torn_state.py`` runs every state file with every damage (20/20)."""
+full disk while Tune wrote it, a partial copy, a backup put back, a user cleaning up): it finishes
+the study all the same, with ``num_samples`` trials, none twice, and Optuna level with them; a
+finished study grows by ``--more``. Three cases here (the suite's time is spent);
+``bench/torn_state.py`` runs the whole matrix: both studies, ``resume`` and ``resume --more``,
+every state file with every damage, and pairs of files damaged at once."""
 
 from __future__ import annotations
 
@@ -22,7 +24,11 @@ NAME = "parity-smoke"
 NUM_SAMPLES = load_spec(NAME).search.num_samples
 STATE_FILES = ("tuner.pkl", "experiment_state", "search_gen_state", "searcher-state")
 """Tune's files: the Tuner, and the three of each save (trials, search generator, searcher)."""
-DAMAGES = ("half", "one byte", "empty", "removed", "older")
+DAMAGES = ("half", "one byte", "empty", "removed", "all removed", "older")
+"""Cut to half, to one byte, to nothing; the newest copy removed, every copy removed (each driver
+session saves its own); the newest overwritten by an older copy of the same file."""
+FINISHED_SAMPLES = 4
+"""The finished study's trials: a run of 3, then ``resume --more 1``, so Tune saved twice."""
 ENDED = ("completed", "early_stopped", "diverged")
 
 
@@ -53,12 +59,31 @@ def interrupt_a_study(where: Path) -> tuple[Path, Path]:
     return storage, older
 
 
+def finish_a_study(where: Path) -> tuple[Path, Path]:
+    """A smoke study of 3 trials run to the end, then grown by ``resume --more 1`` (so Tune saved
+    its state twice, in two driver sessions), and a copy of Tune's state files as the run left
+    them: (storage, that copy)."""
+    storage, older = where / "study", where / "older"
+    for args in (("run", "parity-smoke", "--num-samples", "3"), ("resume", NAME, "--more", "1")):
+        done = cli(*args, "--storage", str(storage), "--quiet", timeout=240)
+        assert done.returncode == 0, done.stderr[-3000:]
+        if args[0] == "run":
+            older.mkdir()
+            for f in _state_files(storage / "tune" / NAME):
+                shutil.copy2(f, older / f.name)
+    return storage, older
+
+
 def damage(experiment: Path, older: Path, kind: str, how: str) -> Path:
     """Damage the newest of Tune's ``kind`` files as ``how`` says; returns the file."""
-    newest = max((p for p in _state_files(experiment) if p.name.startswith(kind)), key=lambda p: p.name)
+    copies = [p for p in _state_files(experiment) if p.name.startswith(kind)]
+    newest = max(copies, key=lambda p: p.name)
     data = newest.read_bytes()
     if how == "removed":
         newest.unlink()
+    elif how == "all removed":
+        for p in copies:
+            p.unlink()
     elif how == "older":
         copies = sorted(p for p in older.iterdir() if p.name.startswith(kind))
         newest.write_bytes(copies[-1].read_bytes())
@@ -68,12 +93,15 @@ def damage(experiment: Path, older: Path, kind: str, how: str) -> Path:
     return newest
 
 
-def check_finished(storage: Path, ended_before: dict[str, tuple[str, int]]) -> list[str]:
-    """What is wrong with the study after the resume (empty: nothing)."""
+def check_finished(
+    storage: Path, ended_before: dict[str, tuple[str, int]], expected: int = NUM_SAMPLES
+) -> list[str]:
+    """What is wrong with the study after the resume, which should have left ``expected`` trials
+    (empty: nothing)."""
     problems = []
     table = trials(storage, NAME)
-    if len(table) != NUM_SAMPLES or not table["trial_id"].is_unique:
-        problems.append(f"{len(table)} trials ({table['trial_id'].nunique()} ids), not {NUM_SAMPLES}")
+    if len(table) != expected or not table["trial_id"].is_unique:
+        problems.append(f"{len(table)} trials ({table['trial_id'].nunique()} ids), not {expected}")
     if table.duplicated(["lambda_p", "beta", "max_steps", "seed"]).any():
         problems.append("a configuration ran twice")
     if not table["status"].isin(ENDED).all():
@@ -107,17 +135,30 @@ def interrupted(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return interrupt_a_study(tmp_path_factory.mktemp("torn"))
 
 
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    return finish_a_study(tmp_path_factory.mktemp("torn-finished"))
+
+
 @pytest.mark.parametrize(
-    ("kind", "how", "flags"),
+    ("study", "kind", "how", "flags", "expected"),
     [
-        ("tuner.pkl", "half", []),  # the progress table on, as users run it
-        ("experiment_state", "older", ["--quiet"]),
+        ("interrupted", "tuner.pkl", "half", [], NUM_SAMPLES),  # the progress table on, as users run it
+        ("interrupted", "experiment_state", "older", ["--quiet"], NUM_SAMPLES),
+        # a finished study whose search generator's files are all gone still grows
+        ("finished", "search_gen_state", "all removed", ["--more", "2"], FINISHED_SAMPLES + 2),
     ],
 )
 def test_a_resume_finishes_whatever_tune_state_it_finds(
-    interrupted: tuple[Path, Path], tmp_path: Path, kind: str, how: str, flags: list[str]
+    request: pytest.FixtureRequest,
+    tmp_path: Path,
+    study: str,
+    kind: str,
+    how: str,
+    flags: list[str],
+    expected: int,
 ) -> None:
-    storage, older = interrupted
+    storage, older = request.getfixturevalue(study)
     copy = tmp_path / "copy"
     shutil.copytree(storage, copy, symlinks=True)
     before = ended_trials(copy)
@@ -125,4 +166,4 @@ def test_a_resume_finishes_whatever_tune_state_it_finds(
     done = cli("resume", NAME, "--storage", str(copy), *flags, timeout=240)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     assert "Traceback" not in done.stdout + done.stderr, done.stderr[-3000:]
-    assert check_finished(copy, before) == []
+    assert check_finished(copy, before, expected) == []
