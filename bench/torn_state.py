@@ -99,6 +99,7 @@ def main() -> None:
     try:
         for study in _split(args.studies):
             make, samples = STUDIES[study]
+            (where / study).mkdir()
             storage, older = make(where / study)
             for verb, case in itertools.product(_split(args.verbs), cases):
                 label = " + ".join(f"{kind} {how}" for kind, how in case)
