@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import io
 import re
+import tokenize
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -26,10 +30,153 @@ def test_docs_and_benches_cite_no_machine_local_path() -> None:
 
 
 def test_results_cite_the_public_sources() -> None:
-    head = (REPO / "docs" / "RESULTS.md").read_text().split("## Summary", 1)[0]
+    """RESULTS.md opens with its summary, then the sources every comparison is with."""
+    text = (REPO / "docs" / "RESULTS.md").read_text()
+    assert text.index("## Summary") < text.index("## Sources")
+    head = text.split("## Sources", 1)[1].split("\n## ", 1)[0]
     for source in (
         "arXiv:2107.05407",
         "nn.labml.ai/adaptive_computation/ponder_net",
         "jankrepl/mildlyoverfitted",
     ):
         assert source in head, source
+
+
+# -- the docs describe what is: no lab notebook ---------------------------------------------------
+
+PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+"""The pages a reader reads: the README and every docs page (not the images of docs/results/)."""
+
+STOP = re.compile(
+    r"\bstops? \d+\b(?!\s*(?:%|s\b|ms\b|seconds?\b|trials?\b|iterations?\b|of\b|workers?\b|processes\b))",
+    re.I,
+)
+"""A stop number of the lab notebook: "stop 42", "at stop 33's last commit", "(stop 30)". Not the
+verb with a count ("ASHA may stop 2 trials", "stops 10 s later")."""
+
+HASH = re.compile(
+    r"(?:\b(?:at|commit|commits|in|since|before|after|from|and|to)\s+|[(`])`?"
+    r"(?=[0-9a-f]{7}(?![\w-]))(?=[0-9a-f]*[a-f])(?=[0-9a-f]*\d)[0-9a-f]{7}(?![\w-])"
+    r"|\b[0-9a-f]{40}\b"
+)
+"""A commit hash as the notebook cited one: an abbreviated hash (7 hex digits, letters and
+digits both) after "at", "commit", "in", "since", ... or in parentheses or backticks ("at
+7c8c9ca", "commit 3337cc5", "(9c440cd)", "`0a597af`"), or a full 40-digit one. A trial id (8 hex
+digits, "9ceec66b") is not one: the docs show trial ids as examples."""
+
+ENGINEER = re.compile(r"\banother engineer|\bother engineers\b", re.I)
+"""Who measured what is git's to say, not the docs'."""
+
+LAB = {"stop number": STOP, "commit hash": HASH, "another engineer": ENGINEER}
+
+
+def _lab_lines(name: str, lines: list[tuple[int, str]]) -> list[str]:
+    return [
+        f"{name}:{number}: {what}: {line.strip()}"
+        for number, line in lines
+        for what, pattern in LAB.items()
+        if pattern.search(line)
+    ]
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "the fresh-clone run at 7c8c9ca, 9 min 41.6 s",
+        "docs/tests.md: commit 3337cc5 took 617 s",
+        "Optuna's log line that 9c440cd took off stderr (fixed in 4f87206)",
+        "the grid ran at commit `0a597af`",
+        "built from 3f9e8a1c2b4d5e6f7a8b9c0d1e2f3a4b5c6d7e8f",
+    ],
+)
+def test_the_hash_pattern_finds_a_cited_commit(line: str) -> None:
+    assert HASH.search(line), line
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "9ceec66b     completed    0.5165   0.01398          6         60",
+        "| f7014458 | 20,000 (completed) | 0.297 |",
+        "two trials (1b604123 and 9ceec66b) at 2026-11-27",
+        "in 1234567 rows, at 0.99, since 2026-11-26",
+        "the report (results/reports/parity-smoke/index.html)",
+    ],
+)
+def test_the_hash_pattern_leaves_trial_ids_and_numbers(line: str) -> None:
+    assert not HASH.search(line), HASH.search(line)
+
+
+@pytest.mark.parametrize(
+    ("line", "lab"),
+    [
+        ("fresh clone, stop 42: 9 min 41.6 s", True),
+        ("at stop 33's last commit", True),
+        ("Three costs were cut (Stop 29).", True),
+        ("ASHA may stop 2 trials at a rung", False),
+        ("Ray SIGKILLs the driver, stops 3 s later", False),
+        ("`ponder-study` stop 10 of them", False),
+    ],
+)
+def test_the_stop_pattern_finds_the_notebooks_stops_only(line: str, lab: bool) -> None:
+    assert bool(STOP.search(line)) is lab, line
+
+
+def test_docs_keep_no_lab_notebook() -> None:
+    """No stop numbers, commit hashes or "another engineer" in README.md and docs/*.md: the
+    history of a figure is git's; a page says what is."""
+    found = []
+    for path in PAGES:
+        lines = list(enumerate(path.read_text().splitlines(), 1))
+        found += _lab_lines(str(path.relative_to(REPO)), lines)
+    assert not found, "\n".join(found)
+
+
+def _comments_and_strings(text: str) -> list[tuple[int, str]]:
+    """Each line of a module's comments and string literals (its docstrings among them), or of
+    the whole text where it does not tokenize."""
+    try:
+        tokens = list(tokenize.generate_tokens(io.StringIO(text).readline))
+    except (tokenize.TokenError, SyntaxError):
+        return list(enumerate(text.splitlines(), 1))
+    return [
+        (token.start[0] + offset, line)
+        for token in tokens
+        if token.type in (tokenize.COMMENT, tokenize.STRING)
+        for offset, line in enumerate(token.string.splitlines())
+    ]
+
+
+def lab_lines_in_code() -> list[str]:
+    """The lab notebook's marks in the comments and docstrings of ponder/, study/ and bench/ (and
+    bench's shell scripts)."""
+    found = []
+    for folder in ("ponder", "study", "bench"):
+        for path in sorted((REPO / folder).rglob("*")):
+            if path.suffix not in (".py", ".sh") or not path.is_file():
+                continue
+            text = path.read_text(errors="replace")
+            lines = _comments_and_strings(text) if path.suffix == ".py" else list(enumerate(text.splitlines(), 1))
+            found += _lab_lines(str(path.relative_to(REPO)), lines)
+    return found
+
+
+def test_code_comments_keep_no_lab_notebook() -> None:
+    """The same in the comments and docstrings of the code: they say what and why."""
+    found = lab_lines_in_code()
+    assert not found, "\n".join(found)
+
+
+def test_pages_stay_short() -> None:
+    """A newcomer reads the README and a page in minutes: the README under 150 lines,
+    docs/tests.md under 80, every other docs page under 400 (RESULTS.md, the evidence, apart)."""
+    limits = {REPO / "README.md": 150, REPO / "docs" / "tests.md": 80}
+    over = []
+    for path in PAGES:
+        if path.name == "RESULTS.md":
+            continue
+        limit = limits.get(path, 400)
+        count = len(path.read_text().splitlines())
+        if count >= limit:
+            over.append(f"{path.relative_to(REPO)}: {count} lines, the limit {limit}")
+    assert not over, "\n".join(over)
