@@ -3,9 +3,9 @@
 A study of N trials runs through the real driver code, in this process, with synthetic trials in
 place of Ray actors: Tune's `TuneController` (its trial bookkeeping, its saves of the experiment
 state, its default loggers that write each trial's ``result.json``), the study's searcher
-(`study.search.make_searcher`: Optuna in its journal, in Tune's `ConcurrencyLimiter` and
-`SearchGenerator`), its scheduler (`study.search.make_scheduler`: `PersistentASHA`, end records,
-the state save before a new trial starts) and its `study.export.ParquetCallback`. Each trial is
+(`study.search.search.make_searcher`: Optuna in its journal, in Tune's `ConcurrencyLimiter` and
+`SearchGenerator`), its scheduler (`study.search.search.make_scheduler`: `PersistentASHA`, end records,
+the state save before a new trial starts) and its `study.run.export.ParquetCallback`. Each trial is
 created by the searcher (``next_trial``), chosen by the scheduler, reported to through
 ``TuneController._process_trial_result`` (scheduler, searcher, callbacks, as a real report is)
 and stopped through ``TuneController.stop_trial`` (a trial reaching its budget or stopped by
@@ -113,7 +113,7 @@ def _without_refresh() -> Iterator[None]:
     both off (the prefix of ``--fast-prefix``)."""
     from ray.tune.execution.tune_controller import TuneController
 
-    from study.export import ParquetCallback
+    from study.run.export import ParquetCallback
 
     write, save = ParquetCallback._write, TuneController.checkpoint
 
@@ -153,13 +153,13 @@ def run_study(
     from ray.tune.search import SearchGenerator
     from ray.tune.utils.callback import _create_default_callbacks
 
-    from study.export import LiveParquet, ParquetCallback
-    from study.runner import _space, study_callbacks
-    from study.search import make_scheduler, make_searcher
-    from study.spec import parse_spec
-    from study.storage import StudyPaths, share_filesystems_when_copied, write_bytes
+    from study.run.export import LiveParquet, ParquetCallback
+    from study.run.runner import _space, study_callbacks
+    from study.search.search import make_scheduler, make_searcher
+    from study.spec.spec import parse_spec
+    from study.storage.storage import StudyPaths, share_filesystems_when_copied, write_bytes
 
-    share_filesystems_when_copied()  # as study.runner._fit does before Tune starts
+    share_filesystems_when_copied()  # as study.run.runner._fit does before Tune starts
     name = f"scale-{n}"
     iterations = 250 * args.reports
     text = SPEC.format(
@@ -212,7 +212,7 @@ def run_study(
             if in_prefix and started >= measured_from:
                 prefix.__exit__(None, None, None)
                 in_prefix = False
-                from study.export import write_tables  # the Parquet as the prefix left it
+                from study.run.export import write_tables  # the Parquet as the prefix left it
 
                 write_tables(paths, spec, controller.get_trials())
                 # the callback's read of the study's Parquet, once per driver at its first trial end
@@ -270,7 +270,7 @@ def run_study(
     # saved state, as _fit does however the run ended)
     t0 = time.perf_counter()
     controller.checkpoint(force=True, wait=True)
-    from study.export import export_experiment
+    from study.run.export import export_experiment
 
     t1 = time.perf_counter()
     export_experiment(spec, paths)

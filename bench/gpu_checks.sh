@@ -56,7 +56,7 @@ step unit-tests 140 "$PYTHON" -m pytest -p no:cacheprovider -v -rs --durations=1
 SPEC="$OUT_DIR/parity-gpu-quarter.toml"
 "$PYTHON" - "$SPEC" <<'EOF'
 import sys
-from study.spec import load_spec
+from study.spec.spec import load_spec
 source = load_spec("parity-smoke").source
 for old, new in [("num_samples = 6", "num_samples = 4"), ("max_concurrent = 2", "max_concurrent = 4"),
                  ("gpu = 0\n", "gpu = 0.25\n")]:

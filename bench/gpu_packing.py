@@ -1,8 +1,8 @@
 """How many parity trials one GPU holds at once, and what packing them buys in throughput.
 
 For each packing k (``--packings``, default 1, 2, 4, 8) one real study runs through the
-project's own path, `study.runner.run_study`: the shipped ``parity`` spec (`study.spec.load_spec`),
-its TOML edited and parsed again (`study.spec.parse_spec`) with
+project's own path, `study.run.runner.run_study`: the shipped ``parity`` spec (`study.spec.spec.load_spec`),
+its TOML edited and parsed again (`study.spec.spec.parse_spec`) with
 
 - ``num_samples = max_concurrent = k`` and ``[resources] gpu = 1/k``, ``cpu = --cpus-per-trial``:
   Ray may place k trials on one GPU, and Tune starts all k at once;
@@ -64,8 +64,8 @@ from typing import Any
 
 import pandas as pd
 
-from study.spec import Dimension, StudySpec, load_spec, parse_spec, to_toml
-from study.storage import read_study_table
+from study.spec.spec import Dimension, StudySpec, load_spec, parse_spec, to_toml
+from study.storage.storage import read_study_table
 
 SPEC = "parity"
 
@@ -136,7 +136,7 @@ def figures(k: int, history: pd.DataFrame, trials: pd.DataFrame, wall_s: float) 
 
 
 def run_packing(k: int, args: argparse.Namespace, storage: str, name: str | None = None) -> dict[str, Any]:
-    from study.runner import run_study
+    from study.run.runner import run_study
 
     spec = packing_spec(k, args, storage, name)
     start = time.perf_counter()

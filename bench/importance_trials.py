@@ -5,7 +5,7 @@ max_steps, seed), random sampling; the objective moves with lambda_p alone,
 ``1 - (lambda_p - 0.2)^2`` plus Gaussian noise (sd 0.05). For each study size and evaluator
 (`optuna.importance.FanovaImportanceEvaluator` with seed 0, `PedAnovaImportanceEvaluator` with
 its defaults), ``--studies`` studies are drawn with different seeds and the script prints how
-often lambda_p comes first and the time per evaluation. `study.importance.MIN_TRIALS` and the
+often lambda_p comes first and the time per evaluation. `study.reports.importance.MIN_TRIALS` and the
 choice of fANOVA rest on it; the figures are for this one strong effect, a guess for others.
 
     python bench/importance_trials.py [--studies 30] [--sizes 3 4 6 8 12 16 24]

@@ -57,9 +57,9 @@ import pyarrow.fs as pafs
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from study.records import read_end_records  # noqa: E402
-from study.search import TUNE_ID_ATTR, optuna_storage  # noqa: E402
-from study.storage import StudyPaths, is_remote, read_study_table, resolve  # noqa: E402
+from study.records.records import read_end_records  # noqa: E402
+from study.search.search import TUNE_ID_ATTR, optuna_storage  # noqa: E402
+from study.storage.storage import StudyPaths, is_remote, read_study_table, resolve  # noqa: E402
 
 ENDED = ("completed", "early_stopped", "diverged")
 MOMENTS = ("startup", "training", "trial-end", "state-save", "final-export")

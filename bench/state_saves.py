@@ -1,11 +1,11 @@
 """What saving Tune's experiment state before each new trial starts costs a study.
 
-The study's scheduler (`study.scheduler.SnapshotBeforeStart`) has Tune save its state, and wait
+The study's scheduler (`study.search.scheduler.SnapshotBeforeStart`) has Tune save its state, and wait
 for the copy to reach the storage, once per driver before its first trial starts; before each
 later new trial it writes that trial's own started record instead (issue 15: a whole save per
 trial grew with the study), so that a resume after a SIGKILL knows every trial that ever trained.
 This runs one real study through
-`study.runner.run_study` (the shipped spec ``--spec``, default ``parity-smoke``) and times every
+`study.run.runner.run_study` (the shipped spec ``--spec``, default ``parity-smoke``) and times every
 call of Tune's own save (`TuneController.checkpoint`), forced and periodic, wrapped here for the
 measurement only. It prints the forced saves' count, median, max and total, and the total as a
 share of the study's wall time measured in the same run.
@@ -60,8 +60,8 @@ def main() -> None:
 
     from ray.tune.execution.tune_controller import TuneController
 
-    from study.runner import run_study
-    from study.spec import load_spec
+    from study.run.runner import run_study
+    from study.spec.spec import load_spec
 
     saves: dict[bool, list[float]] = {True: [], False: []}
     save = TuneController.checkpoint

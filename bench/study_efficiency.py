@@ -1,14 +1,14 @@
 """How many training iterations a study needs to match the seeds' lambda_p grid: grid, random, Optuna + ASHA.
 
-Three real studies run through the project's own path, `study.runner.run_study`, one after the
+Three real studies run through the project's own path, `study.run.runner.run_study`, one after the
 other on one local Ray instance (``address="local"``), all on the same task config and the same
 per-trial budget B (``--iterations``):
 
 - task: parity with ``--n-elems`` (8, as the shipped ``parity`` spec: at 3,000 iterations with an
   evaluation every 250 its good settings end at 0.99+ test halted accuracy on a CPU), batch 128,
   hidden 64, ``device = "cpu"``, model seed 0; one CPU a trial, ``max_concurrent = 2`` in every
-  study, ``max_failures = 0``. The spec is the shipped ``parity`` spec (`study.spec.load_spec`),
-  its TOML edited and parsed again (`study.spec.parse_spec` of `study.spec.to_toml`);
+  study, ``max_failures = 0``. The spec is the shipped ``parity`` spec (`study.spec.spec.load_spec`),
+  its TOML edited and parsed again (`study.spec.spec.parse_spec` of `study.spec.spec.to_toml`);
 1. **grid**: the seeds' grid, ``lambda_p`` in [0.1, 0.3, 0.5, 0.7, 0.9] (``sampler = "grid"``),
    ``beta = 0.01`` and ``max_steps = 20`` fixed as in the seeds, ASHA's ``grace_period`` = B so
    that nothing stops early: 5 trials of B iterations;
@@ -44,7 +44,7 @@ one row per trial per report):
   the grid's total (what running the grid costs) at ``--tolerance``; the ratio against the grid's
   walk is printed beside it.
 
-TPE proposes its first trials at random (`study.search.tpe_startup_trials`: a quarter of the
+TPE proposes its first trials at random (`study.search.search.tpe_startup_trials`: a quarter of the
 study, 2 to 10; Optuna's own default, 10, made an 8-trial study random search), from the same
 seeded generator as the random sampler: those first points are the random study's, and TPE
 models the rest.
@@ -82,8 +82,8 @@ from typing import Any
 
 import pandas as pd
 
-from study.spec import StudySpec, load_spec, parse_spec, to_toml
-from study.storage import read_study_table
+from study.spec.spec import StudySpec, load_spec, parse_spec, to_toml
+from study.storage.storage import read_study_table
 
 BASE_SPEC = "parity"
 METRIC = "test/halted_accuracy"
@@ -208,7 +208,7 @@ def study_figures(
 def run_strategy(
     strategy: str, args: argparse.Namespace, storage: str
 ) -> tuple[dict[str, Any], pd.DataFrame]:
-    from study.runner import run_study
+    from study.run.runner import run_study
 
     spec = strategy_spec(strategy, args, storage)
     print(
@@ -355,10 +355,10 @@ def main() -> None:
 
     import optuna
 
-    from study.runner import StudyError
-    from study.search import tpe_startup_trials
-    from study.spec import SpecError
-    from study.storage import StudyPaths
+    from study.run.runner import StudyError
+    from study.search.search import tpe_startup_trials
+    from study.spec.spec import SpecError
+    from study.storage.storage import StudyPaths
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # no "A new study created" per study
     tolerances = list(dict.fromkeys([args.tolerance, EXTRA_TOLERANCE]))

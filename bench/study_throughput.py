@@ -93,7 +93,7 @@ def study_spec(iterations: int, compile: str, vary_max_steps: bool, gpu: float =
 def shipped_spec(compile: str | None) -> str:
     """The shipped ``parity`` spec, with ``compile`` fixed in its [config] if given."""
     sys.path.insert(0, str(REPO))
-    from study.spec import load_spec
+    from study.spec.spec import load_spec
 
     source = load_spec("parity").source
     return (

@@ -3,8 +3,8 @@
 1. Tune overhead. One fixed parity config (n_elems 15, max_steps 20, batch 128, hidden 64, CPU,
    one torch thread, ``--iterations`` iterations, an evaluation every ``--eval-interval``) runs
    directly (``ponder.trainer.Trainer`` in a fresh worker process, as Ray runs a trial in a fresh
-   worker process) and as a one-trial study through the real path: `study.spec.parse_spec` of a
-   spec whose space is one value, then `study.runner.run_study` into a temporary storage root,
+   worker process) and as a one-trial study through the real path: `study.spec.spec.parse_spec` of a
+   spec whose space is one value, then `study.run.runner.run_study` into a temporary storage root,
    its throughput read back from the study's Parquet. Two figures, each a median over runs that
    alternate (direct, tune, direct, ...):
 
@@ -20,11 +20,11 @@
    down after it, so that no idle Ray processes share the machine with a direct run.
 
 2. Parquet export. A synthetic study of ``--trials`` trials x ``--reports`` reports as
-   `study.parquet.TrialRecord`s, with the metric names a real parity run reports (one real
+   `study.records.parquet.TrialRecord`s, with the metric names a real parity run reports (one real
    metrics dict, perturbed), Tune's own result keys, mixed statuses and a few restarted trials;
    timed through `trials_table` + `history_table` + `write_parquet` of both. A second, MNIST-like
    study (rotated evaluation sets) is written beside it for part 3. Apart from the target: the
-   `parse_result_lines` of every trial's ``result.json`` that `study.export.write_tables` does
+   `parse_result_lines` of every trial's ``result.json`` that `study.run.export.write_tables` does
    before it builds the tables.
 
 3. Cross-study query. ``pd.read_parquet("<root>/trials")`` and a typical query over both
@@ -158,14 +158,14 @@ def tune_run(spec_text: str, name: str) -> dict[str, float]:
     import optuna
     import ray
 
-    from study.runner import run_study
-    from study.spec import parse_spec
-    from study.storage import read_study_table
+    from study.run.runner import run_study
+    from study.spec.spec import parse_spec
+    from study.storage.storage import read_study_table
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # no "A new study created" line per run
     spec = parse_spec(spec_text, name)
     start = time.perf_counter()
-    # the arguments of study.runner._init_ray, so that run_study finds Ray up and uses it as is
+    # the arguments of study.run.runner._init_ray, so that run_study finds Ray up and uses it as is
     ray.init(include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
     ray_init_s = time.perf_counter() - start
     try:
@@ -186,7 +186,7 @@ def tune_run(spec_text: str, name: str) -> dict[str, float]:
 
 
 def tune_overhead(args: argparse.Namespace, root: Path) -> list[str]:
-    from study.spec import parse_spec
+    from study.spec.spec import parse_spec
 
     def spec_text(storage: str) -> str:
         return SPEC_TEMPLATE.format(
@@ -268,7 +268,7 @@ def synthetic_study(task: str, n_trials: int, n_reports: int, base: dict[str, An
     """``n_trials`` TrialRecords of ``n_reports`` reports each (a restarted trial repeats a few)."""
     from ponder.tasks import eval_set_names, get_task
     from ponder.trainer import SET_LIST_METRICS, SET_METRICS, TRAIN_METRICS
-    from study.parquet import TrialRecord
+    from study.records.parquet import TrialRecord
 
     rng = np.random.default_rng(seed)
     eval_interval = 250
@@ -370,9 +370,9 @@ def synthetic_study(task: str, n_trials: int, n_reports: int, base: dict[str, An
 
 
 def export(records: list[Any], root: str, name: str) -> dict[str, float]:
-    """Time the two tables and the two writes, as `study.export.write_tables` does them."""
-    from study.parquet import history_table, trials_table
-    from study.storage import StudyPaths, write_parquet
+    """Time the two tables and the two writes, as `study.run.export.write_tables` does them."""
+    from study.records.parquet import history_table, trials_table
+    from study.storage.storage import StudyPaths, write_parquet
 
     paths = StudyPaths(root, name)
     t0 = time.perf_counter()
@@ -396,7 +396,7 @@ def timed(fn: Callable[[], Any], repeats: int) -> tuple[list[float], Any]:
 
 
 def parquet_export(args: argparse.Namespace, root: str) -> list[str]:
-    from study.parquet import parse_result_lines
+    from study.records.parquet import parse_result_lines
 
     base = run_worker("--worker", "metrics")
     start = time.perf_counter()
@@ -410,7 +410,7 @@ def parquet_export(args: argparse.Namespace, root: str) -> list[str]:
         print(f"  export {args.trials}x{args.reports} #{k}: {run['total']:.2f} s ({parts})")
     mnist_runs = [export(mnist, root, "mnist-synthetic") for _ in range(args.repeats)]
     total = statistics.median(run["total"] for run in runs)
-    # write_tables first reads every trial's result.json back (study.export._history): not in the
+    # write_tables first reads every trial's result.json back (study.run.export._history): not in the
     # target, but paid at every refresh of a live study's Parquet
     texts = ["\n".join(json.dumps(r) for r in rec.history) + "\n" for rec in parity]
     parse_times, _ = timed(lambda: [parse_result_lines(t) for t in texts], args.repeats)

@@ -1,5 +1,5 @@
 """``python -m study``: the ``ponder-study`` command."""
 
-from study.launch import main
+from study.cli.launch import main
 
 main()

@@ -14,8 +14,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, ClassVar, NoReturn
 
-from study.commands import PROG
-from study.hints import DEFAULT_STORAGE
+from study.storage.commands import PROG
+from study.storage.hints import DEFAULT_STORAGE
 
 __all__ = [
     "EXIT_ERROR",
@@ -197,7 +197,7 @@ def add_address(parser: argparse.ArgumentParser) -> None:
 
 def storage_arg(args: argparse.Namespace) -> str | None:
     """--storage, else $PONDER_STUDY_STORAGE, expanded and checked; None when neither is set."""
-    from study.storage import StorageError, expand_storage
+    from study.storage.storage import StorageError, expand_storage
 
     value: str | None = getattr(args, "storage", None)
     where = "--storage"
@@ -215,7 +215,7 @@ def storage_arg(args: argparse.Namespace) -> str | None:
 
 def reach(storage: str, write: bool = False) -> None:
     """Refuse, in one line, a storage that cannot be reached (or, with ``write``, written)."""
-    from study.storage import StorageError, check_reachable, check_writable
+    from study.storage.storage import StorageError, check_reachable, check_writable
 
     try:
         check_reachable(storage)
@@ -229,7 +229,7 @@ def must_exist(storage: str, given: bool) -> None:
     """Refuse, in one line, a local storage to read studies from that is not a folder: without
     this a typo or a file answered "no study named ..." (or, for ``list``, none yet, exit 0).
     ``given``: the storage was named (--storage or its variable), not the default."""
-    from study.storage import is_remote
+    from study.storage.storage import is_remote
 
     if is_remote(storage):  # an object store has no folders: check_reachable checks its bucket
         return

@@ -30,17 +30,17 @@ from study.cli.base import (
     output_closed,
     reach,
 )
-from study.commands import run_again
-from study.diskspace import full_disk
-from study.hints import DEFAULT_STORAGE, count, resume_command
-from study.lease import LeaseHeld
-from study.spec import SpecError, StudySpec, list_specs, load_spec
-from study.stops import raise_a_swallowed_stop
-from study.storage import StudyPaths, has_scheme
-from study.summary import summary
+from study.reports.summary import summary
+from study.run.diskspace import full_disk
+from study.run.lease import LeaseHeld
+from study.run.stops import raise_a_swallowed_stop
+from study.spec.spec import SpecError, StudySpec, list_specs, load_spec
+from study.storage.commands import run_again
+from study.storage.hints import DEFAULT_STORAGE, count, resume_command
+from study.storage.storage import StudyPaths, has_scheme
 
 if TYPE_CHECKING:
-    from study.runner import StudyOutcome
+    from study.run.runner import StudyOutcome
 
 __all__ = ["Driver", "Resume", "Run"]
 
@@ -105,17 +105,17 @@ def _refused() -> tuple[type[Exception], ...]:
     """The errors a run or resume refuses in one line, exit 2 (bad input, a study another driver
     holds, a study or a warm start that cannot go on); read when an error is raised, so that the
     study's records are not imported before."""
-    from study.records import StudyError
-    from study.warmstart import WarmStartError
+    from study.records.records import StudyError
+    from study.search.warmstart import WarmStartError
 
     return (SpecError, LeaseHeld, StudyError, WarmStartError)
 
 
 def _runner() -> ModuleType:
-    """`study.runner`, which imports Ray: only for the commands that need it."""
+    """`study.run.runner`, which imports Ray: only for the commands that need it."""
     import optuna
 
-    from study import runner
+    from study.run import runner
 
     raise_a_swallowed_stop()  # a Ctrl-C during that import
     # stderr is for what went wrong: Optuna's INFO notices ("A new study created in Journal ...",
@@ -247,7 +247,7 @@ class Run(Driver):
 
 def _warm_start(name: str, storage: str, spec: StudySpec, top: int) -> list[dict[str, Any]]:
     """The study ``name``'s best trials as ``spec``'s first points, what goes first printed."""
-    from study.warmstart import read_warm_start
+    from study.search.warmstart import read_warm_start
 
     start = read_warm_start(name, storage, spec, top)
     print("\n".join(start.lines(name)))
@@ -301,7 +301,7 @@ class Resume(Driver):
 def _nothing_to_resume(name: str, storage: str) -> bool:
     """A finished study's summary and one line saying so, before Ray starts; False if the study
     has work left (or is not readable here: the resume then says what is wrong)."""
-    from study.records import StudyError, finished_study, load_study_spec
+    from study.records.records import StudyError, finished_study, load_study_spec
 
     try:
         spec, paths = load_study_spec(name, storage)

@@ -1,4 +1,4 @@
-"""``submit``: a ``run`` or ``resume`` sent to a Ray cluster's job server (`study.submit`)."""
+"""``submit``: a ``run`` or ``resume`` sent to a Ray cluster's job server (`study.launchers.submit`)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import sys
 import time
 
 from study.cli.base import EXIT_INTERRUPTED, PROG, Command, fail
-from study.submit import JobServer, SubmitError, job_outcome, job_request, server_address
+from study.launchers.submit import JobServer, SubmitError, job_outcome, job_request, server_address
 
 __all__ = ["Submit"]
 

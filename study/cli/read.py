@@ -21,11 +21,11 @@ from study.cli.base import (
     reach,
     refusing,
 )
-from study.commands import run_again
-from study.hints import DEFAULT_STORAGE, count
-from study.lease import LeaseHeld
-from study.spec import SpecError
-from study.summary import listing, summary
+from study.reports.summary import listing, summary
+from study.run.lease import LeaseHeld
+from study.spec.spec import SpecError
+from study.storage.commands import run_again
+from study.storage.hints import DEFAULT_STORAGE, count
 
 __all__ = ["Evaluate", "Export", "List", "Report", "Status", "StudyReader"]
 
@@ -94,7 +94,7 @@ class Status(StudyReader):
         )
 
     def read(self, args: argparse.Namespace, storage: str) -> int:
-        from study.records import StudyError, load_study_spec
+        from study.records.records import StudyError, load_study_spec
 
         with refusing(StudyError):
             if args.interval is not None and not (args.interval > 0 and args.interval < 86400):
@@ -103,11 +103,11 @@ class Status(StudyReader):
                 fail("--interval is for --watch: add --watch, or leave --interval out")
             spec, paths = load_study_spec(args.name, storage)  # the records alone, no Ray
             if args.watch:
-                from study.live import DEFAULT_INTERVAL_S, watch
+                from study.reports.live import DEFAULT_INTERVAL_S, watch
 
                 return watch(spec, paths, args.interval or DEFAULT_INTERVAL_S)
             print(summary(paths, spec.metric, spec.mode))
-            from study.importance import importances
+            from study.reports.importance import importances
 
             print("\n".join(importances(spec, paths).lines()))
             return 0
@@ -125,10 +125,10 @@ class Export(StudyReader):
         add_storage(parser)
 
     def read(self, args: argparse.Namespace, storage: str) -> int:
-        from study.records import StudyError
+        from study.records.records import StudyError
 
         with refusing(StudyError):
-            from study import runner  # imports Ray (without starting it): Tune reads its experiment
+            from study.run import runner  # imports Ray (without starting it): Tune reads its experiment
 
             paths = runner.export(args.name, storage)
             print(f"wrote {paths.trials_parquet} and {paths.history_parquet}")
@@ -154,7 +154,7 @@ class Report(StudyReader):
         parser.add_argument("--out", help="the report's directory (default: <storage>/reports/<name>)")
 
     def read(self, args: argparse.Namespace, storage: str) -> int:
-        from study.report import ReportError, write_report
+        from study.reports.report import ReportError, write_report
 
         with refusing(ReportError):
             out = os.path.expanduser(args.out) if args.out else None
@@ -193,14 +193,14 @@ class Evaluate(StudyReader):
         add_storage(parser)
 
     def read(self, args: argparse.Namespace, storage: str) -> int:
-        from study.trial_choice import EvaluateError, choose_trial
+        from study.reports.trial_choice import EvaluateError, choose_trial
 
         with refusing(EvaluateError):
             if args.repeats < 1:
                 fail(f"--repeats must be >= 1, got {args.repeats}")
             chosen = choose_trial(args.name, storage, args.trial)  # a wrong name: answered without torch
             _check_device(args.device)
-            from study.evaluate import evaluate_trial, format_evaluation
+            from study.reports.evaluate import evaluate_trial, format_evaluation
 
             result = evaluate_trial(
                 args.name, storage, args.trial, device=args.device, repeats=args.repeats, chosen=chosen

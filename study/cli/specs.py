@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 from study.cli.base import Command, WordsCommand, add_storage, refusing
-from study.spec import SpecError
+from study.spec.spec import SpecError
 
 __all__ = ["Check", "Schema", "Slurm"]
 
@@ -30,7 +30,7 @@ class Check(Command):
         )
 
     def run(self, args: argparse.Namespace) -> int:
-        from study.check import check_spec
+        from study.spec.check import check_spec
 
         with refusing(SpecError):
             print(check_spec(args.spec, args.storage, estimate=not args.no_estimate))
@@ -38,7 +38,7 @@ class Check(Command):
 
 
 class Slurm(WordsCommand):
-    """``slurm``: its own parser and checks (`study.slurm`), on a login node: no Ray, no torch."""
+    """``slurm``: its own parser and checks (`study.launchers.slurm`), on a login node: no Ray, no torch."""
 
     name = "slurm"
     help = "write a Slurm batch script for a study and submit it with sbatch (docs/slurm.md)"
@@ -47,10 +47,10 @@ class Slurm(WordsCommand):
         "head on the first, a worker on each other) and submit it with sbatch; with --requeue the "
         "study goes on over as many allocations as it needs (docs/slurm.md)."
     )
-    add_help = False  # `slurm --help` is study.slurm's own
+    add_help = False  # `slurm --help` is study.launchers.slurm's own
 
     def run_words(self, words: list[str]) -> int:
-        from study.slurm import main as slurm_main
+        from study.launchers.slurm import main as slurm_main
 
         return slurm_main(words)
 
@@ -62,12 +62,12 @@ class Schema(Command):
     help = "print the JSON Schema of a spec (for editors: taplo, Even Better TOML)"
     description = (
         "Print the JSON Schema of a spec's TOML, generated from the spec's models; the "
-        "shipped copy is study/specs/spec.schema.json, which every shipped spec names on its first "
+        "shipped copy is study/spec/specs/spec.schema.json, which every shipped spec names on its first "
         "line (#:schema ./spec.schema.json)."
     )
 
     def run(self, args: argparse.Namespace) -> int:
-        from study.spec import schema_text
+        from study.spec.spec import schema_text
 
         print(schema_text(), end="")
         return 0

@@ -86,7 +86,7 @@ def _compile_shapes_past_the_limit() -> None:
         run(n)
     assert len(graphs) == 2  # shapes 3 and 4 ran eagerly: the limit
     for n in range(5, 9):
-        forget_compiled()  # what study.trainable does at each trial's start
+        forget_compiled()  # what study.run.trainable does at each trial's start
         run(n)
     assert len(graphs) == 6
 

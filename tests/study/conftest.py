@@ -20,8 +20,8 @@ import pandas as pd
 import pyarrow.fs as pafs
 import pytest
 
-from study.spec import load_spec, parse_spec
-from study.storage import StudyPaths, read_study_table, read_table
+from study.spec.spec import load_spec, parse_spec
+from study.storage.storage import StudyPaths, read_study_table, read_table
 
 CLI = [sys.executable, "-m", "study"]
 REPO = Path(__file__).resolve().parents[2]

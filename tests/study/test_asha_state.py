@@ -7,10 +7,10 @@ from pathlib import Path
 
 from ray.tune.schedulers import TrialScheduler
 
-from study.asha_state import FOLD_EVERY, log_uri, parts_dir, read_state, save_changes, write_state
-from study.records import EndRecord, has_ended, write_end_record
-from study.scheduler import stopped_trials
-from study.storage import StudyPaths, read_bytes
+from study.records.asha_state import FOLD_EVERY, log_uri, parts_dir, read_state, save_changes, write_state
+from study.records.records import EndRecord, has_ended, write_end_record
+from study.search.scheduler import stopped_trials
+from study.storage.storage import StudyPaths, read_bytes
 from tests.study.conftest import S3
 from tests.study.test_scheduler import _asha, _report, _trial
 

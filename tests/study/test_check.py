@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from study.check import asha_milestones, least_trial_iterations, trials_at_once
 from study.cli import main
-from study.spec import load_spec
+from study.spec.check import asha_milestones, least_trial_iterations, trials_at_once
+from study.spec.spec import load_spec
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -24,7 +24,7 @@ def run_check(*args: str) -> tuple[int, str, list[str]]:
         "from study.cli import main\n"
         f"rc = main(['check', *{list(args)!r}])\n"
         "print('LOADED', sorted(m for m in ('torch', 'ray') if m in sys.modules), flush=True)\n"
-        "os._exit(rc)  # past pyarrow's teardown, which can abort at exit (study.cli.entry)"
+        "os._exit(rc)  # past pyarrow's teardown, which can abort at exit (study.cli.verbs.entry)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=300)
     text, _, loaded = out.stdout.rpartition("LOADED ")

@@ -19,10 +19,10 @@ import pyarrow as pa
 import pytest
 
 from study import cli as cli_module
-from study import diskspace
 from study.cli import summary
-from study.spec import list_specs, load_spec, parse_spec
-from study.storage import StudyPaths, write_parquet
+from study.run import diskspace
+from study.spec.spec import list_specs, load_spec, parse_spec
+from study.storage.storage import StudyPaths, write_parquet
 from tests.study.conftest import REPO, cli, trials
 
 pytestmark = pytest.mark.slow
@@ -556,14 +556,14 @@ def test_a_storage_to_read_that_is_no_folder_is_one_line_exit_2(
 def test_one_plot_is_one_plot(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    import study.report
+    import study.reports.report
 
-    def one(name: str, storage: str, out: str | None = None) -> study.report.Report:
-        return study.report.Report(
+    def one(name: str, storage: str, out: str | None = None) -> study.reports.report.Report:
+        return study.reports.report.Report(
             str(tmp_path), "index.html", {"a": "a.png", "b": "b.png"}, {"b": "no data"}
         )
 
-    monkeypatch.setattr(study.report, "write_report", one)
+    monkeypatch.setattr(study.reports.report, "write_report", one)
     assert cli_module.main(["report", "x", "--storage", str(tmp_path)]) == 0
     assert capsys.readouterr().out.startswith("wrote 1 plot (1 without data: b) and index.html")
 
@@ -574,8 +574,8 @@ def test_the_command_loads_neither_torch_nor_ray_to_check_input_or_read_a_study(
     code = (
         "import sys\n"
         "from study import cli\n"
-        "from study.records import load_study_spec\n"
-        "from study.spec import load_spec\n"
+        "from study.records.records import load_study_spec\n"
+        "from study.spec.spec import load_spec\n"
         "load_spec('parity-smoke')\n"
         "print(sorted(m for m in ('torch', 'ray') if m in sys.modules))"
     )
@@ -588,13 +588,13 @@ def test_evaluate_answers_a_wrong_trial_without_loading_torch(smoke: tuple[Path,
     storage, _ = smoke
     code = (
         "import sys\n"
-        "from study.trial_choice import EvaluateError, choose_trial\n"
+        "from study.reports.trial_choice import EvaluateError, choose_trial\n"
         "try:\n"
         f"    choose_trial('parity-smoke', {str(storage)!r}, 'nope')\n"
         "except EvaluateError as e:\n"
         "    print(e, flush=True)\n"
         "print(sorted(m for m in ('torch', 'ray') if m in sys.modules), flush=True)\n"
-        "import os; os._exit(0)  # past pyarrow's teardown, which can abort at exit (study.cli.entry)"
+        "import os; os._exit(0)  # past pyarrow's teardown, which can abort at exit (study.cli.verbs.entry)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO)
     why, loaded = out.stdout.strip().splitlines()
@@ -633,7 +633,7 @@ def test_a_full_disk_is_named_whatever_error_it_caused(
 
 @pytest.mark.parametrize("exit_by", ["entry", "sys.exit"])
 def test_the_command_exits_past_the_interpreters_c_teardown(exit_by: str) -> None:
-    """`study.cli.entry` runs Python's exit work (atexit handlers, flushed streams) and then skips
+    """`study.cli.verbs.entry` runs Python's exit work (atexit handlers, flushed streams) and then skips
     the interpreter's finalization, where libtorch and pyarrow together can abort (exit 134): an
     object still alive at exit is never finalized. ``sys.exit``, the control, finalizes it, so
     the check can tell the two apart."""
@@ -663,7 +663,7 @@ def test_the_command_exits_past_the_interpreters_c_teardown(exit_by: str) -> Non
 
 _SWALLOWED = """
 import os, signal, sys
-from study.stops import install_stop_handlers, raise_a_swallowed_stop
+from study.run.stops import install_stop_handlers, raise_a_swallowed_stop
 
 install_stop_handlers()
 
@@ -716,7 +716,7 @@ def test_a_stop_swallowed_where_python_cannot_raise_is_silent_and_raised_again(
 _STOPPED_WHILE_PARSING = """
 import os, signal, sys
 import study.cli as cli
-from study.stops import install_stop_handlers
+from study.run.stops import install_stop_handlers
 
 install_stop_handlers()
 build_parser = cli.build_parser

@@ -21,8 +21,8 @@ import optuna
 import pandas as pd
 import pytest
 
-from study.export import EMPTIED_NOTE
-from study.spec import load_spec
+from study.run.export import EMPTIED_NOTE
+from study.spec.spec import load_spec
 from tests.study.conftest import S3, Driver, cli
 
 # one test process holds the cluster for the module (`make test` spreads the rest over processes)

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 
 from study.cli import resume_command
-from study.commands import command_name, run_again
-from study.lease import _command
-from study.spec import load_spec
-from study.storage import StudyPaths
+from study.run.lease import _command
+from study.spec.spec import load_spec
+from study.storage.commands import command_name, run_again
+from study.storage.storage import StudyPaths
 
 SYSTEM_PATH = "/usr/local/bin:/usr/bin:/bin"
 

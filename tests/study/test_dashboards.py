@@ -20,11 +20,11 @@ from ray.tune.logger import TBXLoggerCallback
 from ray.tune.registry import register_trainable
 from tensorboardX.proto import event_pb2
 
-from study.records import read_end_records
-from study.search import OUTCOME_ATTR, STEP, TUNE_ID_ATTR
-from study.spec import load_spec
-from study.storage import StudyPaths
-from study.tensorboard import ScalarTensorBoard
+from study.records.records import read_end_records
+from study.run.tensorboard import ScalarTensorBoard
+from study.search.search import OUTCOME_ATTR, STEP, TUNE_ID_ATTR
+from study.spec.spec import load_spec
+from study.storage.storage import StudyPaths
 
 
 def _events(event_file: Path) -> list[Any]:
@@ -61,7 +61,7 @@ def test_every_trial_directory_has_tensorboard_scalars_equal_to_its_reports(smok
         for metric in ("test/halted_accuracy", "test/mean_halting_step", "nan_events"):
             written = [float(r[metric]) for r in reports]
             assert scalars[f"ray/tune/{metric}"] == pytest.approx(written, rel=1e-6), (trial.name, metric)
-        # scalars only (`study.tensorboard.ScalarTensorBoard`): the per-step lists are no histograms
+        # scalars only (`study.run.tensorboard.ScalarTensorBoard`): the per-step lists are no histograms
         assert isinstance(reports[0]["test/per_step_accuracy"], list)
         assert not [tag for tag in scalars if tag.startswith("histogram:")], trial.name
 

@@ -10,9 +10,9 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
-from study.dataset import COMMON_METADATA, dataset_schema, write_study_table
-from study.parquet import SCHEMA_VERSION, TrialRecord, trials_table
-from study.storage import StudyPaths, write_parquet
+from study.records.parquet import SCHEMA_VERSION, TrialRecord, trials_table
+from study.run.dataset import COMMON_METADATA, dataset_schema, write_study_table
+from study.storage.storage import StudyPaths, write_parquet
 
 SEARCH = """
 [space.lambda_p]
@@ -99,7 +99,7 @@ def test_parity_and_mnist_studies_read_as_one_dataset_with_four_readers(tmp_path
     import pyarrow.dataset as ds
 
     from ponder.config import CONFIGS
-    from study.parquet import CONFIG_FIELDS
+    from study.records.parquet import CONFIG_FIELDS
     from tests.study.conftest import cli
 
     storage = tmp_path / "results"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 SNIPPET = """
 import sys
-from study.tensorboard import import_tensorboardx_without_torch
+from study.run.tensorboard import import_tensorboardx_without_torch
 import_tensorboardx_without_torch()
 assert "tensorboardX" in sys.modules and "torch" not in sys.modules, sorted(sys.modules)
 from ray.tune.logger import TBXLoggerCallback  # what Tune's default loggers use
@@ -34,17 +34,17 @@ def test_tensorboardx_loads_without_torch_and_still_writes_events(tmp_path: Path
 
 TRIAL_IMPORTS = """
 import ray, ray.tune, torch  # what a Ray worker running a trial has loaded anyway
-import study.trainable
-from study.spec_models import document
+import study.run.trainable
+from study.spec.models import document
 assert document.cache_info().currsize == 0  # no spec models built for a trial
-from study.spec import load_spec
+from study.spec.spec import load_spec
 load_spec("parity-smoke")  # built when a spec is parsed
 assert document.cache_info().currsize == 1
 """
 
 
 def test_a_trial_worker_builds_no_spec_models() -> None:
-    """A trial imports `study.trainable`, which reaches `study.spec`; pydantic's models of the spec
+    """A trial imports `study.run.trainable`, which reaches `study.spec.spec`; pydantic's models of the spec
     document are built when a spec is parsed, not at that import (built there, under the
     import's frames, they cost a Ray worker 0.6 s of CPU at every trial actor's start)."""
     done = subprocess.run([sys.executable, "-c", TRIAL_IMPORTS], capture_output=True, text=True, timeout=120)

@@ -13,15 +13,15 @@ import pyarrow as pa
 import pytest
 import torch
 
-from study.evaluate import (
+from study.records.parquet import ENDED_WITH_RESULT
+from study.reports.evaluate import (
     EvaluateError,
     Evaluation,
     SetEvaluation,
     evaluate_trial,
     format_evaluation,
 )
-from study.parquet import ENDED_WITH_RESULT
-from study.storage import StudyPaths, read_bytes, read_table, write_bytes, write_parquet
+from study.storage.storage import StudyPaths, read_bytes, read_table, write_bytes, write_parquet
 from tests.study.conftest import S3, trials
 
 pytestmark = pytest.mark.slow

@@ -10,9 +10,9 @@ import pandas as pd
 import pytest
 import torch
 
-from study.evaluate import evaluate_trial
-from study.parquet import ENDED_WITH_RESULT
-from study.spec import load_spec
+from study.records.parquet import ENDED_WITH_RESULT
+from study.reports.evaluate import evaluate_trial
+from study.spec.spec import load_spec
 from tests.study.conftest import cli, history, trials
 from tests.study.test_evaluate import _check_against_parquet
 

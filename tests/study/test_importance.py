@@ -14,10 +14,10 @@ from optuna.storages import JournalStorage
 from optuna.storages.journal import JournalFileBackend
 
 from study.cli import main
-from study.importance import MIN_TRIALS, importances, read_journal_study
-from study.report import write_report
-from study.spec import load_spec
-from study.storage import StudyPaths
+from study.reports.importance import MIN_TRIALS, importances, read_journal_study
+from study.reports.report import write_report
+from study.spec.spec import load_spec
+from study.storage.storage import StudyPaths
 
 
 def _copy(smoke: tuple[Path, Any], tmp_path: Path) -> Path:

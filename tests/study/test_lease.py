@@ -16,16 +16,16 @@ from pathlib import Path
 import optuna
 import pytest
 
-from study.lease import LeaseHeld, hold_lease
-from study.search import optuna_storage
-from study.storage import StudyPaths, read_bytes
+from study.run.lease import LeaseHeld, hold_lease
+from study.search.search import optuna_storage
+from study.storage.storage import StudyPaths, read_bytes
 from tests.study.conftest import REPO, S3, Driver, cli, smoke_spec, trials
 
 HOLD = textwrap.dedent(
     """
     import sys, time
-    from study.lease import hold_lease
-    from study.storage import StudyPaths
+    from study.run.lease import hold_lease
+    from study.storage.storage import StudyPaths
     with hold_lease(StudyPaths(sys.argv[1], "s"), "run", ttl_s=float(sys.argv[2])):
         print("held", flush=True)
         time.sleep(600)

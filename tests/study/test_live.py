@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 
 from study.cli import main
-from study.live import live_trials, render, watch
-from study.records import EndRecord, write_end_record
-from study.spec import load_spec
-from study.storage import StudyPaths, write_bytes
+from study.records.records import EndRecord, write_end_record
+from study.reports.live import live_trials, render, watch
+from study.spec.spec import load_spec
+from study.storage.storage import StudyPaths, write_bytes
 from tests.study.conftest import CLI, REPO, Driver
 
 
@@ -44,7 +44,7 @@ def _report(iteration: int, accuracy: float, nan_events: int = 0) -> dict[str, o
 def test_running_ended_and_errored_trials_each_show_what_their_files_say(tmp_path: Path) -> None:
     spec = load_spec("parity-smoke")  # ASHA rungs at 10, 20, 40
     paths = StudyPaths(str(tmp_path), "live")
-    write_bytes(paths.spec, (REPO / "study" / "specs" / "parity-smoke.toml").read_bytes())
+    write_bytes(paths.spec, (REPO / "study" / "spec" / "specs" / "parity-smoke.toml").read_bytes())
     running = _trial_dir(paths, "aaaa0001", 1, [_report(10, 0.6), _report(20, 0.7, nan_events=3)])
     with (running / "result.json").open("a") as f:
         f.write('{"iteration": 30, "test/halted')  # Tune in the middle of a line: not read yet
@@ -101,7 +101,7 @@ def test_watch_shows_a_running_trial_of_a_live_study_and_leaves_on_ctrl_c(
     """A one-trial study whose trial would train for long runs in a driver; ``status --watch`` in
     another process lists it running at an iteration it reported, then leaves cleanly on SIGINT."""
     spec = tmp_path / "long.toml"
-    source = (REPO / "study" / "specs" / "parity-smoke.toml").read_text()
+    source = (REPO / "study" / "spec" / "specs" / "parity-smoke.toml").read_text()
     spec.write_text(source.replace("iterations = 60", "iterations = 1000000"))
     storage = tmp_path / "st"
     d = driver("run", str(spec), "--num-samples", "1", "--storage", str(storage), "--quiet")

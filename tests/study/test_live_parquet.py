@@ -11,12 +11,12 @@ import pandas as pd
 import pytest
 from ray.tune.experiment import Trial
 
-from study.export import LiveParquet, write_tables
-from study.records import EndRecord, write_end_record
-from study.scheduler import record_started
-from study.spec import load_spec
-from study.storage import FRAGMENT_PREFIX, StudyPaths, trial_reports, write_bytes
-from study.tune_state import merge_started_trials
+from study.records.records import EndRecord, write_end_record
+from study.run.export import LiveParquet, write_tables
+from study.run.tune_state import merge_started_trials
+from study.search.scheduler import record_started
+from study.spec.spec import load_spec
+from study.storage.storage import FRAGMENT_PREFIX, StudyPaths, trial_reports, write_bytes
 
 SPEC = load_spec("parity-pareto")  # its front: halted accuracy against mean halting step
 
@@ -120,7 +120,7 @@ def test_a_resume_adds_the_trials_tune_s_saved_state_lacks(tmp_path: Path) -> No
 def test_a_kill_while_compacting_shows_each_trial_once_to_the_study_s_readers(
     tmp_path: Path, kind: str
 ) -> None:
-    from study.storage import read_study_table
+    from study.storage.storage import read_study_table
 
     spec = SPEC.with_overrides(name="live", storage=str(tmp_path))
     paths = StudyPaths(str(tmp_path), "live")

@@ -16,10 +16,10 @@ import pyarrow.fs as pafs
 import pytest
 
 from ponder.files import umask
-from study.parquet import ranked_trials
-from study.search import TUNE_ID_ATTR, optuna_storage
-from study.spec import load_spec
-from study.storage import StudyPaths
+from study.records.parquet import ranked_trials
+from study.search.search import TUNE_ID_ATTR, optuna_storage
+from study.spec.spec import load_spec
+from study.storage.storage import StudyPaths
 from tests.study.conftest import S3, Driver, cli, finished, history, smoke_spec, trials
 
 pytestmark = pytest.mark.slow
@@ -254,7 +254,7 @@ def test_a_torn_tune_state_file_is_set_aside_whole(
 ) -> None:
     """One Tune save writes three files (found by the kill campaign: an empty search_gen_state
     made the resume restore a searcher without its space). Any torn one sets its session aside."""
-    from study.tune_state import restorable
+    from study.run.tune_state import restorable
 
     storage, _ = smoke
     copy = tmp_path / "copy"

@@ -10,9 +10,9 @@ import optuna
 import pandas as pd
 import pytest
 
-from study.parquet import beats_chance
-from study.spec import load_spec
-from study.storage import StudyPaths
+from study.records.parquet import beats_chance
+from study.spec.spec import load_spec
+from study.storage.storage import StudyPaths
 from tests.study.conftest import cli, smoke_source, trials
 
 pytestmark = pytest.mark.slow

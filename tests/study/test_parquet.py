@@ -9,7 +9,7 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from study.parquet import (
+from study.records.parquet import (
     CANONICAL_SETS,
     SCHEMA_VERSION,
     TrialRecord,
@@ -17,7 +17,7 @@ from study.parquet import (
     parse_result_lines,
     trials_table,
 )
-from study.storage import StudyPaths, write_parquet
+from study.storage.storage import StudyPaths, write_parquet
 
 
 def _report(
@@ -169,7 +169,7 @@ def test_every_row_holds_the_whole_resolved_config() -> None:
 
 
 def test_a_schema_2_table_reads_with_its_defaults_filled() -> None:
-    from study.parquet import fill_config_defaults
+    from study.records.parquet import fill_config_defaults
 
     old = pd.DataFrame(
         {"schema_version": [2, 2], "task": ["parity", "mnist"], "lambda_p": [0.3, None], "lr": [None, None]}
@@ -179,7 +179,7 @@ def test_a_schema_2_table_reads_with_its_defaults_filled() -> None:
 
 
 def test_only_the_objective_stand_in_is_null_every_other_value_is_kept() -> None:
-    from study.parquet import WORST
+    from study.records.parquet import WORST
 
     r = _report(10, 0.5, "diverged")
     r["train/loss"] = 1.15e30  # lr 1e30: a dreadful loss, but a real one
@@ -209,7 +209,7 @@ def test_times_are_utc_and_gpu_ids_null_on_a_cpu() -> None:
 
 
 def test_a_diverged_trial_has_no_final_accuracy_and_keeps_the_last_finite_one() -> None:
-    from study.parquet import WORST
+    from study.records.parquet import WORST
 
     end = _report(30, -WORST, "diverged")
     end["test/mean_halting_step"] = 1.0  # what an arg-max over NaN made of it before the fix
@@ -227,7 +227,7 @@ def test_a_diverged_trial_has_no_final_accuracy_and_keeps_the_last_finite_one() 
 
 
 def test_one_function_names_the_best_trial_a_diverged_one_never() -> None:
-    from study.parquet import leaderboard, ranked_trials
+    from study.records.parquet import leaderboard, ranked_trials
 
     trials = pd.DataFrame(
         {
@@ -244,7 +244,7 @@ def test_one_function_names_the_best_trial_a_diverged_one_never() -> None:
 
 
 def test_the_objective_stand_in_is_null_but_a_huge_config_value_is_kept() -> None:
-    from study.parquet import WORST
+    from study.records.parquet import WORST
 
     history = [_report(10, -WORST, "diverged")]
     rec = TrialRecord("t", "TERMINATED", {"task": "parity", "lr": 1e30}, history)
@@ -255,7 +255,7 @@ def test_the_objective_stand_in_is_null_but_a_huge_config_value_is_kept() -> Non
 
 @pytest.mark.parametrize("odd_int", [False, True], ids=["arrow-columns", "per-value-fallback"])
 def test_both_conversion_paths_give_the_same_nulls(odd_int: bool) -> None:
-    from study.parquet import WORST
+    from study.records.parquet import WORST
 
     r = _report(10, 0.5, "completed")
     r["test/per_step_accuracy"] = [0.5, math.nan, math.inf]

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from study.processes import Reaper, descendants, is_subreaper, set_subreaper
+from study.run.processes import Reaper, descendants, is_subreaper, set_subreaper
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux's prctl and /proc")
 

@@ -5,7 +5,7 @@ Copied from Ray (https://github.com/ray-project/ray, by the Ray authors, under t
 
 - ``python/ray/tune/tests/test_trial_scheduler.py`` (at 017deaf1), ``AsyncHyperBandSuite``: its
   cases of ``AsyncHyperBandScheduler`` (the others test other schedulers), in which
-  `study.scheduler.PersistentASHA` replaces it;
+  `study.search.scheduler.PersistentASHA` replaces it;
 - ``python/ray/tune/tests/test_searchers.py`` (at 03db4911): the OptunaSearch cases of
   ``InvalidValuesTest``, ``AddEvaluatedPointTest``, ``SaveRestoreCheckpointTest`` and
   ``MultiObjectiveTest``;
@@ -13,7 +13,7 @@ Copied from Ray (https://github.com/ray-project/ray, by the Ray authors, under t
   ``testSampleBoundsOptuna``, ``testPointsToEvaluateOptuna``;
 - ``python/ray/tune/tests/test_tune_restore_warm_start.py`` (at 001dbf67): ``OptunaWarmStartTest``;
 
-in each, ``OptunaSearch`` is `study.search.DivergenceAwareOptunaSearch`.
+in each, ``OptunaSearch`` is `study.search.search.DivergenceAwareOptunaSearch`.
 
 What changed in the copy, beside unittest classes becoming pytest functions: each class is built
 with Ray's arguments, as Ray's test builds it, plus what the project's needs, from the fixtures
@@ -47,9 +47,9 @@ from ray.tune.experiment import Trial
 from ray.tune.schedulers import TrialScheduler
 from ray.tune.search import ConcurrencyLimiter
 
-from study.scheduler import PersistentASHA
-from study.search import DivergenceAwareOptunaSearch, SearcherStateError
-from study.storage import StudyPaths
+from study.search.scheduler import PersistentASHA
+from study.search.search import DivergenceAwareOptunaSearch, SearcherStateError
+from study.storage.storage import StudyPaths
 
 OptunaSearch = DivergenceAwareOptunaSearch  # the swap: Ray's tests name OptunaSearch
 

@@ -1,4 +1,4 @@
-"""Ray's token file is its owner's alone (`study.ray_token.private_token`)."""
+"""Ray's token file is its owner's alone (`study.launchers.ray_token.private_token`)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from study.ray_token import private_token
+from study.launchers.ray_token import private_token
 
 
 def _mode(path: Path) -> int:

@@ -16,10 +16,10 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
-from study.parquet import ranked_trials
-from study.report import PLOTS, Report, ReportError, pareto_front, write_report
-from study.spec import SPECS_DIR
-from study.storage import StudyPaths, write_bytes, write_parquet
+from study.records.parquet import ranked_trials
+from study.reports.report import PLOTS, Report, ReportError, pareto_front, write_report
+from study.spec.spec import SPECS_DIR
+from study.storage.storage import StudyPaths, write_bytes, write_parquet
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 SIX = ("sensitivity", "pareto", "halting_distribution", "per_step_accuracy", "learning_curves", "asha")
@@ -188,7 +188,7 @@ def test_the_pareto_plot_marks_the_undominated_ended_trials() -> None:
 def _parity_study(storage: Path, name: str, rows: list[tuple[str, float, float]]) -> None:
     """``parity-smoke`` written by hand, one trial per (status, test halted accuracy, mean
     halting step), its ``pareto`` column as the study would write it: no Ray, no training."""
-    from study.parquet import pareto_marks
+    from study.records.parquet import pareto_marks
 
     acc, steps = "test/halted_accuracy", "test/mean_halting_step"
     paths = StudyPaths(str(storage), name)
@@ -253,7 +253,7 @@ def test_the_top_trials_table_may_wrap_its_headers_and_scrolls_in_its_own_box(tm
 def _mnist_study(storage: Path, name: str, n_trials: int) -> None:
     """An MNIST-like study written by hand through the Parquet contract: no easy/hard sets, no
     asha.json, ``n_trials`` trials (the first completed, the others stopped after two reports)."""
-    from study.parquet import TrialRecord, history_table, trials_table  # imports Ray: only here
+    from study.records.parquet import TrialRecord, history_table, trials_table  # imports Ray: only here
 
     spec_text = (SPECS_DIR / "mnist.toml").read_text()
     paths = StudyPaths(str(storage), name)
@@ -355,7 +355,7 @@ SEEDED = {  # lambda_p -> (halted accuracy, easy and hard mean halting step) per
 def _seeded_study(storage: Path, name: str) -> None:
     """``ponder-difficulty-paper`` written by hand through the Parquet contract: lambda_p 0.1
     and 0.3, three seeds each, every trial completed after two reports with the numbers above."""
-    from study.parquet import TrialRecord, history_table, trials_table
+    from study.records.parquet import TrialRecord, history_table, trials_table
 
     paths = StudyPaths(str(storage), name)
     write_bytes(paths.spec, (SPECS_DIR / "ponder-difficulty-paper.toml").read_bytes())
@@ -389,8 +389,8 @@ def _seeded_study(storage: Path, name: str) -> None:
 
 
 def test_a_study_that_repeats_configurations_shows_means_and_intervals_over_seeds(tmp_path: Path) -> None:
-    from study.report import _load
-    from study.report_plots import _sensitivity
+    from study.reports.plots import _sensitivity
+    from study.reports.report import _load
 
     _seeded_study(tmp_path, "seeded")
     report = write_report("seeded", str(tmp_path), out=str(tmp_path / "report"))
@@ -426,8 +426,8 @@ def test_a_study_that_repeats_configurations_shows_means_and_intervals_over_seed
 
 
 def test_a_study_without_repeated_seeds_keeps_the_range_per_lambda_p(tmp_path: Path) -> None:
-    from study.report import _load
-    from study.report_plots import _sensitivity
+    from study.reports.plots import _sensitivity
+    from study.reports.report import _load
 
     _mnist_study(tmp_path, "digits", n_trials=3)  # two trials share a lambda_p, no seed searched
     report = write_report("digits", str(tmp_path), out=str(tmp_path / "report"))

@@ -15,7 +15,7 @@ import matplotlib.image
 import numpy as np
 import pytest
 
-from study.report import PLOTS, write_report
+from study.reports.report import PLOTS, write_report
 
 _BROWSERS = ("chromium", "chromium-browser", "google-chrome")
 _PROBE = """<script>

@@ -10,10 +10,10 @@ from ray.train._internal.storage import StorageContext
 from ray.tune.experiment import Trial
 from ray.tune.registry import register_trainable
 
-from study.export import ParquetCallback
-from study.runner import attach_reported_checkpoint
-from study.storage import CHECKPOINT_FILE
-from study.tensorboard import ScalarTensorBoard, _EventFile
+from study.run.export import ParquetCallback
+from study.run.runner import attach_reported_checkpoint
+from study.run.tensorboard import ScalarTensorBoard, _EventFile
+from study.storage.storage import CHECKPOINT_FILE
 
 
 def _restored_trial(root: Path, last_report: dict[str, object]) -> Trial:
@@ -50,13 +50,14 @@ def test_a_report_without_checkpoint_attaches_nothing(tmp_path: Path) -> None:
 
 
 STUCK = Path(__file__).parent / "data" / "stuck-after-sigkill.tar.gz"
-"""A study saved before its export and TensorBoard code moved out of `study.runner`."""
+"""A study saved before its export and TensorBoard code moved out of `study.runner` (now
+`study.run.runner`)."""
 
 
 def test_a_study_pickled_before_the_runner_split_still_loads() -> None:
     """Tune restores a study from its tuner.pkl, which names the callbacks' classes by the module
-    they were in when it was pickled (``study.runner`` for this one): they load, as the classes
-    the study uses now."""
+    they were in when it was pickled (``study.runner`` for this one, an old name `study.MOVED`
+    keeps): they load, as the classes the study uses now."""
     with tarfile.open(STUCK) as tar:
         (member,) = (m for m in tar.getmembers() if m.name.endswith("/tuner.pkl"))
         file = tar.extractfile(member)

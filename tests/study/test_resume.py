@@ -17,9 +17,9 @@ import optuna
 import pandas as pd
 import pytest
 
-from study.search import TUNE_ID_ATTR, optuna_storage
-from study.spec import load_spec
-from study.storage import StudyPaths
+from study.search.search import TUNE_ID_ATTR, optuna_storage
+from study.spec.spec import load_spec
+from study.storage.storage import StudyPaths
 from tests.study.conftest import (
     CLI,
     Driver,

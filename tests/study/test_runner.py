@@ -14,9 +14,9 @@ import pytest
 
 from ponder.config import ParityConfig
 from ponder.metrics import eval_set_names
-from study.asha_state import read_state
-from study.spec import load_spec
-from study.storage import StudyPaths, write_parquet
+from study.records.asha_state import read_state
+from study.spec.spec import load_spec
+from study.storage.storage import StudyPaths, write_parquet
 from tests.study.conftest import cli, history, trials
 
 pytestmark = pytest.mark.slow
@@ -128,7 +128,7 @@ def test_an_export_killed_between_its_two_writes_leaves_no_trial_without_its_rep
     not leave the trials file showing a trial whose reports history lacks (a CI run read an
     ended trial without its rows). Here the study's history is an older one (no rows at all)
     and the export dies at its second write."""
-    from study import dataset, runner
+    from study.run import dataset, runner
 
     storage = tmp_path / "copy"
     shutil.copytree(smoke[0], storage)
@@ -216,7 +216,7 @@ def test_an_ended_trial_keeps_only_its_last_checkpoint(smoke: tuple[Path, Any]) 
 
 def test_every_trial_has_tensorboard_events_though_the_driver_skips_torch(smoke: tuple[Path, Any]) -> None:
     """Tune's TensorBoard logger still writes each trial's event file from a `run` driver that
-    imported tensorboardX with torch hidden (`study.tensorboard.import_tensorboardx_without_torch`)."""
+    imported tensorboardX with torch hidden (`study.run.tensorboard.import_tensorboardx_without_torch`)."""
     storage, _ = smoke
     for trial_id in trials(storage, "parity-smoke")["trial_id"]:
         events = list((storage / "tune" / "parity-smoke").glob(f"*_{trial_id}_*/events.out.tfevents.*"))
@@ -227,7 +227,7 @@ def test_every_trial_has_tensorboard_events_though_the_driver_skips_torch(smoke:
 def test_optuna_trials_orphaned_by_a_kill_are_marked_failed(tmp_path: Path) -> None:
     """A driver killed between asking Optuna for a trial and saving Tune's state leaves that
     Optuna trial RUNNING with no Tune trial behind it; the finished study marks it FAILED."""
-    from study.runner import fail_orphaned_optuna_trials
+    from study.run.runner import fail_orphaned_optuna_trials
 
     paths = StudyPaths(str(tmp_path), "s")
     Path(paths.optuna_journal).parent.mkdir(parents=True)
@@ -258,7 +258,7 @@ def test_the_progress_table_names_the_studys_storage(experiment: str, filesystem
     trial = SimpleNamespace(
         remote_experiment_path=experiment, storage=SimpleNamespace(storage_filesystem=filesystem)
     )
-    from study.runner import _storage_of
+    from study.run.runner import _storage_of
 
     assert _storage_of(trial) == shown  # type: ignore[arg-type]
 
@@ -267,7 +267,7 @@ def test_a_resume_keeps_tunes_two_newest_states_not_every_one(tmp_path: Path) ->
     """Tune writes a set of state files per driver and never removes one (about 70 KB a trial
     each): a resume keeps the newest two sets, a torn one set aside, and no side file without
     its trials' file."""
-    from study.tune_state import prune_old_states
+    from study.run.tune_state import prune_old_states
 
     paths = StudyPaths(str(tmp_path), "s")
     experiment = Path(paths.experiment)

@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 from ray.tune.schedulers import TrialScheduler
 
-from study.records import read_end_records
-from study.scheduler import PersistentASHA, stopped_trials
-from study.storage import StudyPaths
+from study.records.records import read_end_records
+from study.search.scheduler import PersistentASHA, stopped_trials
+from study.storage.storage import StudyPaths
 
 
 def _asha(state: Path, grace_period: int = 10, paths: StudyPaths | None = None) -> PersistentASHA:
@@ -33,8 +33,8 @@ def test_persistent_asha_keeps_rays_defaults(tmp_path: Path) -> None:
     (``stop_last_trials=False``: a trial ends by itself at its budget) is made in make_scheduler."""
     from ray.tune.schedulers import AsyncHyperBandScheduler
 
-    from study.search import make_scheduler
-    from study.spec import load_spec
+    from study.search.search import make_scheduler
+    from study.spec.spec import load_spec
 
     ours = PersistentASHA(metric="acc", mode="max", state_uri=str(tmp_path / "asha.json"))
     assert ours._stop_last_trials == AsyncHyperBandScheduler(metric="acc", mode="max")._stop_last_trials

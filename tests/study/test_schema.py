@@ -11,7 +11,7 @@ import jsonschema
 import pytest
 
 from study.cli import main
-from study.spec import SPECS_DIR, list_specs, load_spec
+from study.spec.spec import SPECS_DIR, list_specs, load_spec
 
 SHIPPED = SPECS_DIR / "spec.schema.json"
 
@@ -36,7 +36,7 @@ def errors(schema: dict[str, Any], doc: dict[str, Any]) -> list[str]:
 
 
 def test_the_shipped_schema_is_the_printed_one(printed: dict[str, Any]) -> None:
-    """Regenerate with: ponder-study schema > study/specs/spec.schema.json"""
+    """Regenerate with: ponder-study schema > study/spec/specs/spec.schema.json"""
     assert json.loads(SHIPPED.read_text()) == printed
 
 

@@ -11,8 +11,8 @@ from typing import Any
 import optuna
 import pytest
 
-from study.records import EndRecord
-from study.search import (
+from study.records.records import EndRecord
+from study.search.search import (
     TUNE_ID_ATTR,
     DivergenceAwareOptunaSearch,
     SearcherStateError,
@@ -20,8 +20,8 @@ from study.search import (
     optuna_storage,
     param_space,
 )
-from study.spec import load_spec
-from study.storage import StudyPaths, trial_reports
+from study.spec.spec import load_spec
+from study.storage.storage import StudyPaths, trial_reports
 
 SPEC = load_spec("parity-smoke")
 METRIC = SPEC.metric

@@ -7,7 +7,7 @@ import math
 import pandas as pd
 import pytest
 
-from study.seeds import GAP, SEED_METRICS, seed_intervals, t_quantile
+from study.reports.seeds import GAP, SEED_METRICS, seed_intervals, t_quantile
 
 ACC = "test/halted_accuracy"
 

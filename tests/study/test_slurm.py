@@ -24,8 +24,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from study import slurm
-from study.storage import StudyPaths
+from study.launchers import slurm
+from study.storage.storage import StudyPaths
 from tests.study.conftest import free_port, processes_naming, smoke_source, smoke_spec
 
 ENDED = {"completed", "early_stopped", "diverged"}

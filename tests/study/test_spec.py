@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from ponder.config import CONFIGS, MnistConfig, ParityConfig
-from study.spec import (
+from study.spec.spec import (
     SPECS_DIR,
     Dimension,
     SpecError,
@@ -562,9 +562,9 @@ def test_a_sampler_needs_its_package() -> None:
 
 @pytest.mark.parametrize("sampler", ["tpe", "random", "qmc", "gp", "grid"])
 def test_every_sampler_a_spec_accepts_is_built(sampler: str, tmp_path: Path) -> None:
-    """What the spec lets through, `study.search` can build (real Optuna samplers)."""
-    from study.search import make_searcher  # imports Ray: only here
-    from study.storage import StudyPaths
+    """What the spec lets through, `study.search.search` can build (real Optuna samplers)."""
+    from study.search.search import make_searcher  # imports Ray: only here
+    from study.storage.storage import StudyPaths
 
     spec = load_spec("parity-lambda-grid" if sampler == "grid" else "parity-smoke")
     text = spec.source.replace(f'sampler = "{spec.search.sampler}"', f'sampler = "{sampler}"')
@@ -631,8 +631,8 @@ def test_a_grid_needs_values_and_its_own_size(search: str, key: str, phrase: str
 @pytest.mark.parametrize(("num_samples", "startup"), [(4, 2), (8, 2), (12, 3), (40, 10), (400, 10)])
 def test_tpe_starts_modelling_within_the_study(num_samples: int, startup: int, tmp_path: Path) -> None:
     """Optuna's TPE default (10 random trials first) would make an 8-trial study random search."""
-    from study.search import make_searcher  # imports Ray: only here
-    from study.storage import StudyPaths
+    from study.search.search import make_searcher  # imports Ray: only here
+    from study.storage.storage import StudyPaths
 
     spec = load_spec("parity").with_overrides(num_samples=num_samples)
     searcher = make_searcher(spec, StudyPaths(str(tmp_path), "x"))

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from study.spec import MAX_NAME_LENGTH, load_spec
-from study.stops import stops_held_while_ray_starts
-from study.storage import StorageError, StudyPaths, expand_storage
+from study.run.stops import stops_held_while_ray_starts
+from study.spec.spec import MAX_NAME_LENGTH, load_spec
+from study.storage.storage import StorageError, StudyPaths, expand_storage
 from tests.study.conftest import CLI, REPO, S3, Driver, cli, driver_env, smoke_source, smoke_spec, trials
 
 ENDED = ["completed", "early_stopped", "diverged"]
@@ -54,7 +54,7 @@ def test_storage_paths_expand_home_and_variables(tmp_path: Path, monkeypatch: py
     assert expand_storage("$PONDER_TEST_ROOT/x") == str(tmp_path / "v" / "x")
     assert expand_storage("file://~/nfs") == f"file://{tmp_path}/nfs"
     spec = tmp_path / "s.toml"
-    source = (REPO / "study" / "specs" / "parity-smoke.toml").read_text()
+    source = (REPO / "study" / "spec" / "specs" / "parity-smoke.toml").read_text()
     spec.write_text(source.replace('storage = "results"', 'storage = "~/specstore"'))
     assert load_spec(str(spec)).run.storage == str(tmp_path / "specstore")
 
@@ -280,8 +280,8 @@ def test_a_full_disk_stops_in_one_line_and_resume_finishes_after_space_is_freed(
         assert len(t) == 6 and t["status"].isin(ENDED).all(), t[["trial_id", "status"]]
         import optuna
 
-        from study.search import TUNE_ID_ATTR, optuna_storage
-        from study.storage import StudyPaths
+        from study.search.search import TUNE_ID_ATTR, optuna_storage
+        from study.storage.storage import StudyPaths
 
         study = optuna.load_study(
             study_name="parity-smoke", storage=optuna_storage(StudyPaths(str(storage), "parity-smoke"))
@@ -291,7 +291,7 @@ def test_a_full_disk_stops_in_one_line_and_resume_finishes_after_space_is_freed(
         ran = [x for x in finished if TUNE_ID_ATTR in x.user_attrs]
         assert sorted(x.user_attrs[TUNE_ID_ATTR] for x in ran) == sorted(t["trial_id"])
         # an ask whose journal lines the full disk cut (no Tune id, not all its parameters) never
-        # ran: the resume tells it FAIL (`study.search`), it is not a second trial of anything
+        # ran: the resume tells it FAIL (`study.search.search`), it is not a second trial of anything
         searched = {d.name for d in load_spec("parity-smoke").space}
         for x in finished:
             if TUNE_ID_ATTR not in x.user_attrs:

@@ -17,8 +17,8 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pytest
 
-from study import journal_copy
-from study.storage import (
+from study.records import journal_copy
+from study.storage.storage import (
     StorageError,
     StudyPaths,
     check_writable,
@@ -236,7 +236,7 @@ def test_a_folder_replaced_whole_never_shows_a_row_twice(
     after, the new ones only. Without the swap (a filesystem without renameat2's exchange) the
     result is the same, put in place file by file."""
     if not swap:
-        monkeypatch.setattr("study.storage._exchange", lambda a, b: False)
+        monkeypatch.setattr("study.storage.storage._exchange", lambda a, b: False)
     folder = str(tmp_path / "history" / "study=s")
     _compact(folder, {"history.parquet": [1, 2], "trial-c.parquet": [3], "trial-d.parquet": [4]})
     assert _rows(folder) == [1, 2, 3, 4]

@@ -26,9 +26,9 @@ import optuna
 import pandas as pd
 import pytest
 
-from study.records import END_OUTCOMES
-from study.storage import StudyPaths, read_study_table
-from study.submit import STOP_ENV, JobServer, SubmitError, job_outcome, job_request, server_address
+from study.launchers.submit import STOP_ENV, JobServer, SubmitError, job_outcome, job_request, server_address
+from study.records.records import END_OUTCOMES
+from study.storage.storage import StudyPaths, read_study_table
 from tests.study.conftest import REPO, S3, cli, free_port, processes_naming, smoke_spec
 
 JOBSERVER = REPO / ".venv" / "jobserver"

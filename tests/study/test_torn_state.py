@@ -14,9 +14,9 @@ from pathlib import Path
 import optuna
 import pytest
 
-from study.search import TUNE_ID_ATTR, optuna_storage
-from study.spec import load_spec
-from study.storage import StudyPaths
+from study.search.search import TUNE_ID_ATTR, optuna_storage
+from study.spec.spec import load_spec
+from study.storage.storage import StudyPaths
 from tests.study.conftest import Driver, cli, smoke_spec, trials
 
 pytestmark = pytest.mark.slow

@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from study.parquet import WORST
-from study.trainable import tune_metrics
+from study.records.parquet import WORST
+from study.run.trainable import tune_metrics
 
 
 def test_non_finite_metrics_are_left_out_and_lists_get_nulls() -> None:

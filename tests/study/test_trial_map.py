@@ -7,8 +7,8 @@ from typing import Any
 import optuna
 import pytest
 
-from study.records import EndRecord
-from study.trial_map import TUNE_ID_ATTR, map_trials, same_params
+from study.records.records import EndRecord
+from study.search.trial_map import TUNE_ID_ATTR, map_trials, same_params
 
 RUNNING, COMPLETE = optuna.trial.TrialState.RUNNING, optuna.trial.TrialState.COMPLETE
 NAMES = ["lambda_p", "max_steps"]

@@ -9,9 +9,9 @@ import pyarrow as pa
 import pytest
 
 from study.cli import drive as cli
-from study.spec import load_spec, parse_spec
-from study.storage import StudyPaths, write_bytes, write_parquet
-from study.warmstart import WarmStartError, warm_start_points
+from study.search.warmstart import WarmStartError, warm_start_points
+from study.spec.spec import load_spec, parse_spec
+from study.storage.storage import StudyPaths, write_bytes, write_parquet
 
 SMOKE = load_spec("parity-smoke")
 NARROW = parse_spec(

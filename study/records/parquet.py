@@ -1,0 +1,582 @@
+"""The Parquet contract (schema version 5): one table of trials, one of reports, per study.
+
+``trials/study=<name>/trials.parquet`` has one row per trial:
+
+- ``trial_id``, ``status`` (see `STATUSES`), ``task``, ``schema_version``;
+- every config field under its config name (``lambda_p``, ``beta``, ``max_steps``, ...; the
+  union over all tasks): the trial's whole configuration, its task's defaults filled in
+  (`ponder.config.resolve_config`), null only where the task has no such field; ``iterations``
+  is the budget; ``device`` is the config's device as resolved on the node;
+- ``iteration``, ``reports``, ``nan_events``, ``wall_time_s`` (seconds), ``started_at`` and
+  ``ended_at`` (UTC), ``node_ip``, ``node_id``, ``gpu_ids`` (where the last report ran; null on a
+  CPU), ``nodes``, ``checkpoint_path``, ``error``, ``retries``; ``pareto``: on the Pareto front
+  of the study's objectives among the trials that ended with a result;
+- each metric's final value under its metric name, ``best/<metric>`` at the report where the
+  objective was best (``best_iteration``); per set, ``halted_accuracy`` beside
+  ``best_step_accuracy`` and ``stable_accuracy`` (`ponder.halting.halting_accuracies`); list
+  columns for per-step accuracy and the halting distribution. A diverged trial's final ``<set>/``
+  metrics are null (the model that diverged gives no result); ``before_divergence/<metric>`` and
+  ``before_divergence_iteration`` keep the last report before it with a finite objective.
+
+``history/study=<name>/history.parquet`` has one row per trial per report: ``trial_id``,
+``report`` (1, 2, ...), ``iteration``, ``outcome``, ``nan_events``, the timings, ``timestamp``
+(UTC), where it ran, every metric.
+
+Each study's folder (``trials/study=<name>/``, ``history/study=<name>/``) holds one compacted
+file (``trials.parquet``, ``history.parquet``: the trials final when the study last stopped or
+was exported) and one fragment per other trial (``trial-<id>.parquet``: each trial that ended
+since, written once when it ended, or one still running, pending or errored at the last export).
+Reading the folder (``pd.read_parquet("results/trials")``) gives every trial once. Version 5
+added the fragments (4 had one file per study, rewritten whole as each trial ended).
+
+Null: NaN, +-inf, and the objective's stand-in (`WORST`) in the objective's own columns; every
+other value is kept. Version 4 added ``<set>/best_step_accuracy`` and ``<set>/stable_accuracy``
+(null in older rows: their reports did not measure them); version 3 the resolved config, the
+diverged rule and the times; ``ponder-study export NAME`` rewrites an older study, and
+`fill_config_defaults` reads one.
+Every file of the dataset gets the dataset's one schema from `study.run.dataset` when written.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import numbers
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from functools import cached_property
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+from ponder.config import CONFIGS, FieldInfo, fields_of, resolve_config
+from ponder.metrics import SET_LIST_METRICS, SET_METRICS, TIMING_KEYS, TRAIN_METRICS
+from ponder.tasks import CHANCE, canonical_sets
+from study.records.pareto import pareto_mask
+
+__all__ = [
+    "CANONICAL_SETS",
+    "ENDED_WITH_RESULT",
+    "SCHEMA_VERSION",
+    "STATUSES",
+    "WORST",
+    "TrialRecord",
+    "beats_chance",
+    "chance_bar",
+    "fill_config_defaults",
+    "front_eligible",
+    "history_table",
+    "leaderboard",
+    "pareto_marks",
+    "parse_result_lines",
+    "ranked_trials",
+    "trials_table",
+]
+
+SCHEMA_VERSION = 5
+STATUSES = ("completed", "early_stopped", "diverged", "errored", "running", "pending")
+ENDED_WITH_RESULT = ("completed", "early_stopped")
+"""The statuses of trials that ended with a result: those ranked, put on a Pareto front, evaluated."""
+
+WORST = 1e30
+"""Magnitude of the trainable's stand-in for a non-finite objective (-WORST when maximising,
++WORST when minimising): never a real value, so the Parquet shows it as null. Only in the
+objective's own columns, and only that exact value: any other metric keeps every finite value
+(a loss of 1.15e30 after a learning rate of 1e30 is a real, if dreadful, number)."""
+CANONICAL_SETS = canonical_sets()
+"""The canonical evaluation sets of the tasks registered at import (`ponder.tasks.canonical_sets`):
+their metrics are columns of every table from the start, as the tasks' fields are (`CONFIG_FIELDS`)."""
+
+
+@dataclass
+class TrialRecord:
+    """One trial as the export sees it, whatever the source (a live study or its files)."""
+
+    trial_id: str
+    tune_status: str
+    """Tune's status: PENDING, RUNNING, PAUSED, TERMINATED or ERROR."""
+    config: Mapping[str, Any]
+    history: list[dict[str, Any]] = field(default_factory=list)
+    """Tune's results in the order reported (duplicates of a re-reported iteration allowed)."""
+    stopped_early: bool = False
+    """ASHA stopped it before its budget."""
+    ended: bool = False
+    """The study's ledger has its end (Tune's state may not yet, after a kill)."""
+    error: str | None = None
+    checkpoint_path: str | None = None
+    retries: int = 0
+
+    @cached_property
+    def reports(self) -> list[dict[str, Any]]:
+        """The history with one report per training iteration: after a restart a trial repeats
+        the reports since its last checkpoint; the later one is kept (same weights, same values)."""
+        by_iteration: dict[int, dict[str, Any]] = {}
+        for r in self.history:
+            if "iteration" in r:
+                by_iteration.pop(int(r["iteration"]), None)
+                by_iteration[int(r["iteration"])] = r
+        return sorted(by_iteration.values(), key=lambda r: int(r["iteration"]))
+
+    def status(self) -> str:
+        """One of `STATUSES`."""
+        reports = self.reports
+        last = reports[-1] if reports else {}
+        if last.get("outcome") == "diverged":
+            return "diverged"
+        if self.tune_status == "ERROR":
+            return "errored"
+        if self.tune_status == "PENDING" and not self.ended:
+            return "pending"
+        if self.tune_status in ("RUNNING", "PAUSED") and not self.ended:
+            return "running"
+        if self.stopped_early or last.get("outcome") != "completed":
+            return "early_stopped"
+        return "completed"
+
+
+def parse_result_lines(text: str) -> list[dict[str, Any]]:
+    """Tune's ``result.json`` (one JSON object a line); a line cut short by a kill is skipped."""
+    rows = []
+    for line in text.splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return rows
+
+
+# -- schema -----------------------------------------------------------------------------------
+_ARROW_TYPES: dict[object, pa.DataType] = {
+    float: pa.float64(),
+    int: pa.int64(),
+    bool: pa.bool_(),
+    str: pa.string(),
+}
+"""A config value's column type, by its class (`ponder.config.FieldInfo.kind`); any other: string."""
+
+
+def _arrow_type(field: FieldInfo) -> pa.DataType:
+    """The column type of a config field: its values' (a list of its items' for a tuple)."""
+    if field.kind is tuple:
+        return pa.list_(_ARROW_TYPES.get(field.item, pa.string()))
+    return _ARROW_TYPES.get(field.kind, pa.string())
+
+
+def _config_fields() -> dict[str, pa.DataType]:
+    fields: dict[str, pa.DataType] = {}
+    for cls in CONFIGS.values():
+        for f in fields_of(cls):
+            fields.setdefault(f.name, _arrow_type(f))
+    return fields
+
+
+CONFIG_FIELDS = _config_fields()
+
+
+def _sets(records: Iterable[TrialRecord]) -> list[str]:
+    """Canonical sets first, then any other set a report of this study has."""
+    sets = list(CANONICAL_SETS)
+    for rec in records:
+        for r in rec.history[:1]:
+            for key in r:
+                name, _, metric = key.partition("/")
+                if metric in SET_METRICS and name not in sets and name not in ("best", "train"):
+                    sets.append(name)
+    return sets
+
+
+def _metric_fields(sets: Sequence[str]) -> list[pa.Field]:
+    fields = [pa.field(f"train/{m}", pa.float64()) for m in TRAIN_METRICS]
+    for s in sets:
+        fields += [pa.field(f"{s}/{m}", pa.float64()) for m in SET_METRICS]
+        fields += [pa.field(f"{s}/{m}", pa.list_(pa.float64())) for m in SET_LIST_METRICS]
+    return fields
+
+
+def _coerce(value: Any, kind: pa.DataType) -> Any:
+    """A value converted to the column's type, for rows Arrow refuses as they are."""
+    if value is None:
+        return None
+    if pa.types.is_list(kind):
+        return [_coerce(v, kind.value_type) for v in value]
+    if pa.types.is_floating(kind):
+        return float(value)
+    if pa.types.is_integer(kind):
+        return int(value)
+    if pa.types.is_boolean(kind):
+        return bool(value)
+    return str(value)
+
+
+def _objective_key(metric: str, mode: str) -> Any:
+    sign = 1.0 if mode == "max" else -1.0
+
+    def key(r: Mapping[str, Any]) -> float:
+        v = r.get(metric)
+        return sign * float(v) if isinstance(v, (int, float)) and math.isfinite(v) else -math.inf
+
+    return key
+
+
+def chance_bar(task: Any, eval_samples: Any) -> float | None:
+    """The halted accuracy a trial of ``task`` must exceed to beat chance: chance plus 3 standard
+    errors of an evaluation set of ``eval_samples`` (chance alone where the size is unknown);
+    None for a task without a known chance level."""
+    chance = CHANCE.get(str(task))
+    if chance is None:
+        return None
+    size = float(eval_samples) if isinstance(eval_samples, numbers.Real) else math.nan  # numpy, pandas too
+    return chance + (3 * math.sqrt(chance * (1 - chance) / size) if size > 0 else 0.0)  # NaN > 0 is False
+
+
+def beats_chance(row: Mapping[str, Any], accuracy: str) -> bool:
+    """Whether a trial's halted accuracy is above a guess's by more than 3 standard errors of its
+    evaluation set (``eval_samples``, `chance_bar`): 0.5 + 3 * sqrt(0.25 / 200) = 0.606 for parity-smoke."""
+    bar = chance_bar(row.get("task"), row.get("eval_samples"))
+    value = row.get(accuracy)
+    if bar is None:
+        return True  # a task without a known chance level is not held to one
+    return isinstance(value, numbers.Real) and math.isfinite(value) and float(value) > bar
+
+
+def front_eligible(row: Mapping[str, Any], objectives: Sequence[tuple[str, str]]) -> bool:
+    """Whether a trial may be on the Pareto front of ``objectives``: it ran its full budget
+    (``completed``) and each of its halted accuracies among them beats chance (`beats_chance`)."""
+    return row.get("status") == "completed" and all(
+        beats_chance(row, m) for m, _ in objectives if m.endswith("/halted_accuracy")
+    )
+
+
+def pareto_marks(rows: Sequence[Mapping[str, Any]], objectives: Sequence[tuple[str, str]]) -> list[bool]:
+    """Which rows are Pareto-optimal on ``objectives`` among the trials `front_eligible` admits.
+    An early-stopped trial was measured on a smaller budget, and a trial at chance answers
+    nothing however few its steps: neither is a trade-off anyone would pick, so neither is on the
+    front."""
+    eligible = [i for i, r in enumerate(rows) if front_eligible(r, objectives)]
+    marks = [False] * len(rows)
+    if not eligible or not objectives:
+        return marks
+
+    def value(v: Any) -> float:
+        ok = isinstance(v, (int, float)) and math.isfinite(v) and abs(v) < WORST
+        return float(v) if ok else math.nan
+
+    values = np.array([[value(rows[i].get(m)) for m, _ in objectives] for i in eligible])  # [n, k]
+    for i, on_front in zip(eligible, pareto_mask(values, [mode for _, mode in objectives]), strict=True):
+        marks[i] = bool(on_front)
+    return marks
+
+
+def fill_config_defaults(trials: pd.DataFrame) -> pd.DataFrame:
+    """A trials table with every config field as schema 3 and later write it, from any version:
+    rows of schema 1 or 2 have a config field only where the study's spec set or searched it; their
+    nulls get the task config's default (`resolve_config`, the one source). What readers use until
+    ``ponder-study export`` rewrites the files; a table of schema 3 or later comes back as it is."""
+    if "schema_version" not in trials.columns or "task" not in trials.columns:
+        return trials
+    old = pd.to_numeric(trials["schema_version"], errors="coerce").fillna(0) < 3
+    if not old.any():
+        return trials
+    trials = trials.copy()
+    fields = [name for name in CONFIG_FIELDS if name in trials.columns]
+    for index in trials.index[old.to_numpy()]:
+        given = {name: trials.at[index, name] for name in ["task", *fields]}
+        given = {k: v for k, v in given.items() if not _missing(v)}
+        for name, value in resolve_config(given).items():
+            if name in fields and name not in given and value is not None:
+                if trials[name].dtype != object and isinstance(value, (str, tuple, list)):
+                    trials[name] = trials[name].astype(object)
+                trials.at[index, name] = list(value) if isinstance(value, tuple) else value
+    return trials
+
+
+def _missing(value: Any) -> bool:
+    if isinstance(value, (list, tuple, np.ndarray)):
+        return False
+    return bool(pd.isna(value))
+
+
+def ranked_trials(trials: pd.DataFrame, metric: str, mode: str) -> pd.DataFrame:
+    """Rows of a trials table that ended with a result (`ENDED_WITH_RESULT`) and a finite
+    ``metric``, best first; ties are broken by trial id so the order is the same on every read.
+    What "the best trial" means wherever it is named (the report, ``evaluate``). A diverged or
+    errored trial's last value is not a result, a running one's is not final."""
+    if metric not in trials.columns or "status" not in trials.columns:
+        return trials.iloc[:0]
+    values = pd.to_numeric(trials[metric], errors="coerce")
+    ok = trials[trials["status"].isin(ENDED_WITH_RESULT) & np.isfinite(values)]
+    return ok.sort_values([metric, "trial_id"], ascending=[mode == "min", True], kind="mergesort")
+
+
+def leaderboard(trials: pd.DataFrame, metric: str, mode: str) -> pd.DataFrame:
+    """Every row of a trials table, `ranked_trials` first (so the first row is the best trial
+    wherever one is named: ``status``, the run's summary, the report, ``evaluate``), then running
+    trials by ``metric`` (leaders of a study in progress, not yet results), then the rest (diverged,
+    errored, pending, stopped without a value) by trial id."""
+    ranked = ranked_trials(trials, metric, mode)
+    rest = trials.drop(index=ranked.index)
+    if metric in rest.columns and "status" in rest.columns:
+        running = rest[rest["status"] == "running"].sort_values(
+            [metric, "trial_id"], ascending=[mode == "min", True], na_position="last", kind="mergesort"
+        )
+        others = rest.drop(index=running.index).sort_values("trial_id", kind="mergesort")
+        rest = pd.concat([running, others])
+    return pd.concat([ranked, rest])
+
+
+def trials_table(
+    records: Sequence[TrialRecord],
+    metric: str,
+    mode: str,
+    front: Sequence[tuple[str, str]] = (),
+    objectives: Sequence[tuple[str, str]] | None = None,
+) -> pa.Table:
+    """One row per trial (see the module docstring for the columns); ``metric``/``mode`` is the
+    objective "best" means, ``front`` the (metric, mode) pairs of the ``pareto`` column,
+    ``objectives`` the (metric, mode) pairs the trainable reports a stand-in for (default: the
+    primary objective and ``front``'s)."""
+    metric_fields = _metric_fields(_sets(records))
+    scalar = [f for f in metric_fields if not pa.types.is_list(f.type)]  # with best/ and before_divergence/
+    rows = [_trial_row(rec, metric_fields, scalar, metric, mode) for rec in records]
+    for row, on_front in zip(rows, pareto_marks(rows, front), strict=True):
+        row["pareto"] = on_front
+    stand_ins = _stand_ins([(metric, mode), *front] if objectives is None else objectives)
+    stand_ins.update(
+        {
+            f"{prefix}/{name}": value
+            for name, value in stand_ins.items()
+            for prefix in ("best", "before_divergence")
+        }
+    )
+    return _table(rows, _trials_schema(metric_fields, scalar), stand_ins)
+
+
+def _trials_schema(metric_fields: Sequence[pa.Field], scalar: Sequence[pa.Field]) -> pa.Schema:
+    """The trials table's columns: the trial, its config, where and how long it ran, its metrics
+    (final; the scalar ones at the best report and before divergence too)."""
+    return pa.schema(
+        [
+            pa.field("schema_version", pa.int32()),
+            pa.field("trial_id", pa.string()),
+            pa.field("status", pa.string()),
+            pa.field("task", pa.string()),
+            *(pa.field(name, kind) for name, kind in CONFIG_FIELDS.items()),
+            pa.field("iteration", pa.int64()),
+            pa.field("reports", pa.int64()),
+            pa.field("nan_events", pa.int64()),
+            pa.field("wall_time_s", pa.float64()),
+            pa.field("started_at", pa.timestamp("s", tz="UTC")),
+            pa.field("ended_at", pa.timestamp("s", tz="UTC")),
+            pa.field("node_ip", pa.string()),
+            pa.field("node_id", pa.string()),
+            pa.field("gpu_ids", pa.string()),
+            pa.field("nodes", pa.int64()),
+            pa.field("checkpoint_path", pa.string()),
+            pa.field("error", pa.string()),
+            pa.field("retries", pa.int64()),
+            pa.field("pareto", pa.bool_()),
+            *metric_fields,
+            pa.field("best_iteration", pa.int64()),
+            *(pa.field(f"best/{f.name}", f.type) for f in scalar),
+            pa.field("before_divergence_iteration", pa.int64()),
+            *(pa.field(f"before_divergence/{f.name}", f.type) for f in scalar),
+        ]
+    )
+
+
+def _trial_row(
+    rec: TrialRecord, metric_fields: Sequence[pa.Field], scalar: Sequence[pa.Field], metric: str, mode: str
+) -> dict[str, Any]:
+    """One trial's row, less ``pareto`` (a mark among all the trials); ``scalar``: the metric
+    fields that are not lists."""
+    reports = rec.reports
+    last = reports[-1] if reports else {}
+    best = max(reports, key=_objective_key(metric, mode)) if reports else {}
+    config = resolve_config(rec.config)  # Tune's params hold only what the spec sets or searches
+    row: dict[str, Any] = {
+        "schema_version": SCHEMA_VERSION,
+        "trial_id": rec.trial_id,
+        "status": rec.status(),
+        "task": config.get("task"),
+        **{name: config.get(name) for name in CONFIG_FIELDS},
+        "iteration": last.get("iteration", 0),
+        "reports": len(reports),
+        "nan_events": last.get("nan_events", 0),
+        "wall_time_s": last.get("time_total_s"),
+        "node_ip": last.get("node_ip"),
+        "started_at": _started_at(reports),
+        "ended_at": _utc(last.get("timestamp")) if rec.status() not in ("running", "pending") else None,
+        "node_id": last.get("node_id"),
+        "gpu_ids": _gpu_ids(last.get("gpu_ids")),
+        # every report made, a re-made one's first making included: a trial restarted from
+        # scratch on another node (its only checkpoint lost with the node) still counts both
+        "nodes": len({r["node_id"] for r in rec.history if r.get("node_id")}),
+        "checkpoint_path": rec.checkpoint_path,
+        "error": rec.error,
+        "retries": rec.retries,
+        "best_iteration": best.get("iteration"),
+    }
+    if last.get("device"):
+        row["device"] = last["device"]
+    for f in metric_fields:
+        row[f.name] = last.get(f.name)
+    for f in scalar:
+        row[f"best/{f.name}"] = best.get(f.name)
+    if row["status"] == "diverged":
+        _diverged(row, reports, metric_fields, scalar, metric, mode)
+    return row
+
+
+def _gpu_ids(value: Any) -> Any:
+    """Ray's GPU ids as the trainable joined them; "" (a CPU trial) is null: no GPU."""
+    return None if value is None or value == "" else value
+
+
+def _seconds(stamp: Any) -> float | None:
+    """Tune's ``timestamp`` (Unix seconds of a report; a UTC time once read back from Parquet)."""
+    if isinstance(stamp, datetime):
+        return stamp.timestamp()
+    if not isinstance(stamp, (int, float)) or isinstance(stamp, bool) or not math.isfinite(stamp):
+        return None
+    return float(stamp)
+
+
+def _utc(stamp: Any) -> datetime | None:
+    """A report's ``timestamp`` as a UTC time, to the second."""
+    seconds = _seconds(stamp)
+    return None if seconds is None else datetime.fromtimestamp(int(seconds), tz=UTC)
+
+
+def _started_at(reports: Sequence[Mapping[str, Any]]) -> datetime | None:
+    """When the trial started training: its first report's time less the time it had run by then."""
+    if not reports:
+        return None
+    stamp, ran = _seconds(reports[0].get("timestamp")), reports[0].get("time_total_s")
+    if stamp is None or not isinstance(ran, (int, float)) or not math.isfinite(ran):
+        return _utc(stamp)
+    return _utc(stamp - ran)
+
+
+def _diverged(
+    row: dict[str, Any],
+    reports: Sequence[Mapping[str, Any]],
+    metric_fields: Sequence[pa.Field],
+    scalar_metric_fields: Sequence[pa.Field],
+    metric: str,
+    mode: str,
+) -> None:
+    """The rule for a diverged trial: its final evaluation metrics (``<set>/...``) are null, since
+    the model that diverged gives no result (its arg-maxes over NaN read as 0.5 at step 1);
+    ``before_divergence/<metric>`` holds every scalar metric of the last report before the
+    divergent one whose objective was finite, ``before_divergence_iteration`` which that was.
+    ``train/...`` (averages over the finite iterations) and ``best/...`` are kept."""
+    for f in metric_fields:
+        if not f.name.startswith("train/"):
+            row[f.name] = None
+    stand_in = -WORST if mode == "max" else WORST
+    finite = [
+        r
+        for r in reports[:-1]
+        if isinstance(r.get(metric), (int, float)) and math.isfinite(r[metric]) and r[metric] != stand_in
+    ]
+    if finite:
+        row["before_divergence_iteration"] = finite[-1].get("iteration")
+        for f in scalar_metric_fields:
+            row[f"before_divergence/{f.name}"] = finite[-1].get(f.name)
+
+
+def history_table(records: Sequence[TrialRecord], objectives: Sequence[tuple[str, str]] = ()) -> pa.Table:
+    """One row per trial per report (see the module docstring for the columns); ``objectives``:
+    the (metric, mode) pairs the trainable reports a stand-in for, null here."""
+    schema = pa.schema(
+        [
+            pa.field("schema_version", pa.int32()),
+            pa.field("trial_id", pa.string()),
+            pa.field("report", pa.int64()),
+            pa.field("iteration", pa.int64()),
+            pa.field("outcome", pa.string()),
+            pa.field("nan_events", pa.int64()),
+            *(pa.field(k, pa.float64()) for k in TIMING_KEYS),
+            pa.field("time_total_s", pa.float64()),
+            pa.field("timestamp", pa.timestamp("s", tz="UTC")),
+            pa.field("node_ip", pa.string()),
+            pa.field("node_id", pa.string()),
+            pa.field("device", pa.string()),
+            pa.field("gpu_ids", pa.string()),
+            *_metric_fields(_sets(records)),
+        ]
+    )
+    rows = []
+    for rec in records:
+        for n, r in enumerate(rec.reports, start=1):
+            rows.append(
+                {
+                    **r,
+                    "schema_version": SCHEMA_VERSION,
+                    "trial_id": rec.trial_id,
+                    "report": n,
+                    "timestamp": _utc(r.get("timestamp")),
+                    "gpu_ids": _gpu_ids(r.get("gpu_ids")),
+                }
+            )
+    return _table(rows, schema, _stand_ins(objectives))
+
+
+def _stand_ins(objectives: Iterable[tuple[str, str]]) -> dict[str, float]:
+    """Column -> the trainable's stand-in for a non-finite value of that objective."""
+    return {metric: -WORST if mode == "max" else WORST for metric, mode in objectives}
+
+
+def _table(rows: list[dict[str, Any]], schema: pa.Schema, stand_ins: Mapping[str, float]) -> pa.Table:
+    """Rows to a table of ``schema``, non-finite numbers (and the objectives' stand-ins: column ->
+    value) as nulls; every other value is kept as it is.
+
+    Arrow converts whole columns at once; if it refuses a value as the column's type (a float
+    where an int goes), every value is converted first. Nulls are set in Python on the rows
+    either way, before Arrow converts them: a trial's fragment is a row or a few, and an Arrow
+    pass over its ~170 float columns cost a few kernel calls each, about 13 ms a table."""
+    floats = [f.name for f in schema if pa.types.is_floating(f.type)]
+    float_lists = [
+        f.name for f in schema if pa.types.is_list(f.type) and pa.types.is_floating(f.type.value_type)
+    ]
+
+    def finite(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [_finite_row(row, floats, float_lists, stand_ins) for row in rows]
+
+    try:
+        return pa.Table.from_pylist(finite(rows), schema=schema)
+    except (pa.ArrowInvalid, pa.ArrowTypeError):
+        coerced = [{f.name: _coerce(row.get(f.name), f.type) for f in schema} for row in rows]
+        return pa.Table.from_pylist(finite(coerced), schema=schema)
+
+
+def _finite_row(
+    row: dict[str, Any], floats: list[str], float_lists: list[str], stand_ins: Mapping[str, float]
+) -> dict[str, Any]:
+    """``row`` with its non-finite numbers (and an objective's stand-in) in float columns as None."""
+    out = dict(row)
+    for name in floats:
+        if name in out and _not_a_value(out[name], stand_ins.get(name)):
+            out[name] = None
+    for name in float_lists:
+        values = out.get(name)
+        if isinstance(values, list | tuple | np.ndarray):
+            stand_in = stand_ins.get(name)
+            with contextlib.suppress(TypeError):  # a None or a string in it: element by element
+                if stand_in is None and math.isfinite(sum(values)):  # no NaN or inf in it (the usual)
+                    continue
+            out[name] = [None if _not_a_value(v, stand_in) else v for v in list(values)]
+    return out
+
+
+def _not_a_value(value: Any, stand_in: float | None) -> bool:
+    """NaN, +-inf, or the objective's stand-in for them; anything else (a string too) is left to Arrow."""
+    if type(value) is float:  # nearly every value: the ABC check below costs ~10x (an export's ~1.5M)
+        return not math.isfinite(value) or value == stand_in
+    if not isinstance(value, numbers.Real) or isinstance(value, bool):
+        return False
+    return not math.isfinite(value) or (stand_in is not None and value == stand_in)

@@ -1,0 +1,199 @@
+"""A study's own record of how each trial ended: the truth a resume and every reader trust.
+
+Tune's saved experiment state lags (saved every few seconds and before each new trial), so after
+a kill it can hold as pending or running a trial that had ended. One end record per trial,
+``studies/<name>/ended/<trial_id>.json``, is written the moment the trial ends (by the study's
+scheduler, which Tune tells before the searcher and the callbacks), after its reports are saved,
+and never replaced (create-if-absent). It holds what a resume needs to replay the end into Tune,
+Optuna and ASHA, and a reader to show the trial: outcome, config, last report and final
+checkpoint (relative to the storage root, so it stays true when the study is copied or moved).
+
+Studies started before end records keep ``ended.json`` (trial id -> checkpoint) and ASHA's stops
+in ``asha.json``; `read_end_records` reads those too.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow.fs as pafs
+
+from study.records.asha_state import read_state
+from study.records.parquet import parse_result_lines
+from study.spec.spec import StudySpec, parse_spec
+from study.storage.storage import StudyPaths, create_bytes, read_bytes, read_json, resolve, trial_reports
+
+
+class StudyError(RuntimeError):
+    """A study that cannot be run, resumed or exported as asked; the message says what to do."""
+
+
+def load_study_spec(name: str, storage: str) -> tuple[StudySpec, StudyPaths]:
+    """The spec a study was started with, read from its directory (no Ray: `status` needs it)."""
+    paths = StudyPaths(storage, name)
+    source = read_bytes(paths.spec)
+    if source is None:
+        raise StudyError(
+            f"no study named {name!r} under {storage}: `ponder-study list` shows the studies there"
+        )
+    spec = parse_spec(source.decode(), name).with_overrides(name=name, storage=storage)
+    return spec, paths
+
+
+__all__ = [
+    "END_OUTCOMES",
+    "EndRecord",
+    "StudyError",
+    "finished_study",
+    "has_ended",
+    "load_study_spec",
+    "read_end_record",
+    "read_end_records",
+    "relative_to_root",
+    "write_end_record",
+]
+
+END_OUTCOMES = ("completed", "early_stopped", "diverged")
+"""How a trial can end for good (an errored trial is retried by ``resume``, so it has no record)."""
+
+
+@dataclass(frozen=True)
+class EndRecord:
+    """How one trial ended. ``checkpoint`` is relative to the storage root when it lies under it."""
+
+    trial_id: str
+    outcome: str
+    iteration: int = 0
+    config: Mapping[str, Any] = field(default_factory=dict)
+    last_result: Mapping[str, Any] = field(default_factory=dict)
+    checkpoint: str | None = None
+
+    def to_json(self) -> bytes:
+        return json.dumps(asdict(self), indent=1, sort_keys=True, default=str).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes) -> EndRecord:
+        raw = json.loads(data)
+        return cls(
+            trial_id=str(raw["trial_id"]),
+            outcome=str(raw["outcome"]),
+            iteration=int(raw.get("iteration") or 0),
+            config=dict(raw.get("config") or {}),
+            last_result=dict(raw.get("last_result") or {}),
+            checkpoint=raw.get("checkpoint"),
+        )
+
+
+def relative_to_root(root_fs_path: str, path: str | None) -> str | None:
+    """``path`` relative to the storage root's path in its filesystem when it lies under it."""
+    if not path:
+        return None
+    root = root_fs_path.rstrip("/") + "/"
+    return path[len(root) :] if path.startswith(root) else path
+
+
+def write_end_record(paths: StudyPaths, record: EndRecord) -> bool:
+    """Write the trial's end record unless one exists; returns whether this call wrote it.
+
+    Create-if-absent: the first end is the truth (a restored trial that ends again at once, or a
+    second writer, never replaces it). A torn write is impossible: the bytes go to a temporary
+    file that is renamed into place (one PUT on an object store)."""
+    if record.outcome not in END_OUTCOMES:
+        raise ValueError(f"outcome {record.outcome!r} is not one of {END_OUTCOMES}")
+    return create_bytes(paths.end_record(record.trial_id), record.to_json())
+
+
+def has_ended(paths: StudyPaths, trial_id: str) -> bool:
+    """Whether the trial ended for good: what the trainable checks before it trains."""
+    if read_bytes(paths.end_record(trial_id)) is not None:
+        return True
+    # a study from before end records keeps its stops in asha.json itself; a later stop has an
+    # end record, so ASHA's change log (or FOLD_EVERY objects) need not be read at every start
+    legacy_stopped = (read_json(paths.asha) or {}).get("stopped", [])
+    return trial_id in (read_json(paths.ended) or {}) or trial_id in legacy_stopped
+
+
+def read_end_record(paths: StudyPaths, trial_id: str) -> EndRecord | None:
+    """One trial's end record (None if it has none; `read_end_records` reads them all)."""
+    data = read_bytes(paths.end_record(trial_id))
+    try:
+        return EndRecord.from_json(data) if data is not None else None
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def _saved_last_report(paths: StudyPaths, trial_id: str) -> dict[str, Any]:
+    data = read_bytes(trial_reports(paths.reports_dir, trial_id))
+    reports = parse_result_lines(data.decode()) if data is not None else []
+    return reports[-1] if reports else {}
+
+
+def read_end_records(paths: StudyPaths) -> dict[str, EndRecord]:
+    """Every trial's end record, by trial id (a record that cannot be parsed is skipped: it was
+    never renamed into place whole, so it cannot exist; a hand-edited one is not trusted)."""
+    records: dict[str, EndRecord] = {}
+    fs, directory = resolve(paths.ended_dir)
+    selector = pafs.FileSelector(directory, allow_not_found=True)
+    for info in fs.get_file_info(selector):
+        name = info.path.rstrip("/").rsplit("/", 1)[-1]
+        if info.type != pafs.FileType.File or not name.endswith(".json") or name.startswith("."):
+            continue
+        with fs.open_input_stream(info.path) as f:
+            data = f.readall()
+        try:
+            rec = EndRecord.from_json(data)
+        except (ValueError, KeyError, TypeError):
+            continue
+        records[rec.trial_id] = rec
+    # studies started before end records: ended.json (trial id -> checkpoint) and ASHA's stops
+    legacy = read_json(paths.ended) or {}
+    stopped = set((read_state(paths.asha) or {}).get("stopped", []))
+    for trial_id in set(legacy) | stopped:
+        if trial_id in records:
+            continue
+        last = _saved_last_report(paths, trial_id)
+        outcome = "early_stopped" if trial_id in stopped else str(last.get("outcome") or "completed")
+        if outcome not in END_OUTCOMES:
+            outcome = "early_stopped"
+        records[trial_id] = EndRecord(
+            trial_id=trial_id,
+            outcome=outcome,
+            iteration=int(last.get("iteration") or 0),
+            config=dict(last.get("config") or {}),
+            last_result=last,
+            checkpoint=(legacy.get(trial_id) or {}).get("checkpoint"),
+        )
+    return records
+
+
+def finished_study(paths: StudyPaths, num_samples: int) -> bool:
+    """Whether a study has nothing left to do: ``num_samples`` end records, its Parquet holding
+    them all, and no Optuna trial RUNNING. Read without Ray, so ``resume`` can say so at once."""
+    from study.storage.storage import join, read_study_table
+
+    ends = read_end_records(paths)
+    if len(ends) < num_samples:
+        return False
+    table = read_study_table(paths, "trials")
+    if table is None or not set(ends) <= set(table.column("trial_id").to_pylist()):
+        return False
+    if not all(s in END_OUTCOMES for s in table.column("status").to_pylist()):
+        return False
+    here = join(paths.root, "")  # a copied or moved study's Parquet names the old place: export
+    if "checkpoint_path" in table.column_names and not all(
+        c is None or c.startswith(here) for c in table.column("checkpoint_path").to_pylist()
+    ):
+        return False
+    journal = Path(paths.optuna_journal)
+    if not journal.exists():
+        return False
+    import optuna
+    from optuna.storages.journal import JournalFileBackend
+
+    storage = optuna.storages.JournalStorage(JournalFileBackend(str(journal)))
+    study = optuna.load_study(study_name=paths.name, storage=storage)
+    return not study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))

@@ -1,0 +1,16 @@
+"""Running a study: the one place that drives Ray Tune, and what the driver does beside.
+
+- `study.run.runner`: `run_study`, `resume_study`, `export`; on restore it replays the study's
+  records into Tune, Optuna and ASHA before any trial starts;
+- `study.run.trainable`: `train_trial`, one `ponder.Trainer` run reported to Tune, NaN-safe;
+- `study.run.export`, `study.run.dataset`: the study's Parquet from Tune's trials and its records
+  (`ParquetCallback` writes each trial's rows as it ends), in one schema for the whole dataset;
+- `study.run.tune_state`, `study.run.tune_logs`: Tune's saved state tended before a restore, and
+  its log records as one line each;
+- `study.run.stops`: every stop of the driver (Ctrl-C, SIGTERM, SIGHUP), from its first line;
+- `study.run.lease`: one driver per study (a flock locally, conditional PUTs on S3);
+- `study.run.processes`, `study.run.diskspace`, `study.run.tensorboard`: the processes a command
+  started, a full disk said as such, TensorBoard's scalars written without torch.
+
+Nothing is imported here: `study.run.stops` is the entry point's first import, before Ray.
+"""

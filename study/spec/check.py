@@ -1,0 +1,249 @@
+"""``ponder-study check``: what running a spec would do, said before anything starts.
+
+The spec is validated as ``run`` validates it (a bad one is the same one-line `SpecError`), then
+the figures a study's cost hangs on are worked out from the spec alone: the search space, the
+trial count, the budget in trial-iterations (and the least ASHA could cut it to), resources per
+trial, trials at once on this machine, and where the results go. A wall-time estimate times a few
+real training iterations of the spec's task (ponder's `Trainer`, torch) on this machine; Ray is
+never imported.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shlex
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from study.spec.spec import Dimension, StudySpec, load_spec
+from study.storage.commands import command_name
+from study.storage.storage import StudyPaths, has_scheme
+
+__all__ = ["Estimate", "asha_milestones", "check_spec", "least_trial_iterations", "measure", "trials_at_once"]
+
+ESTIMATE_BUDGET_S = 2.0
+"""Time spent training at most, for the estimate (plus building the task and one evaluation)."""
+
+
+def check_spec(spec_arg: str, storage: str | None = None, *, estimate: bool = True) -> str:
+    """The report ``ponder-study check SPEC`` prints; raises `SpecError` for a bad spec."""
+    spec = load_spec(spec_arg).with_overrides(storage=storage)
+    lines = [f"spec {spec.name!r} is valid: {spec.description}", "", f"task {spec.task}, search space:"]
+    lines += [f"  {_dimension(d)}" for d in spec.space]
+    if spec.config:
+        fixed = ", ".join(f"{k}={v!r}" for k, v in spec.config.items())
+        lines.append(f"  fixed: {fixed}")
+    budget, least = _budget(spec)
+    lines += ["", *budget]
+
+    cpus, gpus = os.cpu_count() or 1, _gpu_count()
+    res = spec.resources
+    fit = trials_at_once(spec.search.max_concurrent, res.cpu, res.gpu, cpus, gpus)
+    lines += [
+        "",
+        f"resources per trial: {res.cpu:g} CPU, {res.gpu:g} GPU",
+        f"trials at once: at most {spec.search.max_concurrent} (max_concurrent); this machine "
+        f"({cpus} CPUs, {gpus} GPUs) fits {fit}"
+        + ("" if fit else " (a cluster runs it: ponder-study run --address ...)"),
+    ]
+    lines += ["", *_results(spec), ""]
+    if not estimate:
+        lines.append("wall time: not estimated (--no-estimate)")
+    else:
+        lines += _wall_time(spec, fit, least)
+    return "\n".join(lines)
+
+
+def _budget(spec: StudySpec) -> tuple[list[str], int]:
+    """The trial count and the budget in trial-iterations, in lines, and the least ASHA could cut
+    the budget to (the budget itself without ASHA)."""
+    n, iters = spec.search.num_samples, spec.iterations
+    how = f"{spec.search.sampler} sampler, seed {spec.search.seed}"
+    if spec.search.sampler == "grid":
+        how = "grid: " + " x ".join(f"{len(d.values or ())} {d.name}" for d in spec.space) + " values"
+    lines = [f"trials: {n} ({how})"]
+    full = n * iters
+    lines.append(f"budget: {n} trials x {iters:,} iterations = {full:,} trial-iterations")
+    least = full
+    if spec.scheduler is not None:
+        s = spec.scheduler
+        rungs = asha_milestones(s.grace_period, iters, s.reduction_factor, s.brackets)
+        least = least_trial_iterations(n, iters, rungs, s.reduction_factor)
+        if rungs:
+            lines.append(
+                f"  ASHA (rungs at {', '.join(f'{r:,}' for r in rungs)} iterations, keeping "
+                f"1/{s.reduction_factor:g} at each) could cut it to {least:,} at best ({least / full:.0%})"
+            )
+        else:
+            lines.append(
+                f"  ASHA has no rung below the budget (grace_period {s.grace_period:,}): "
+                "every trial runs its whole budget"
+            )
+    else:
+        lines.append(f"  no ASHA ({len(spec.objectives)} objectives): every trial runs its whole budget")
+    return lines, least
+
+
+def _results(spec: StudySpec) -> list[str]:
+    """Where the study's files would go, and whether a study of that name is there already."""
+    paths = StudyPaths(spec.run.storage, spec.name)
+    root = spec.run.storage if has_scheme(spec.run.storage) else os.path.abspath(spec.run.storage)
+    lines = [
+        f"results under {root}:",
+        f"  study records  {paths.study_dir}",
+        f"  Tune           {paths.experiment}",
+        f"  trials table   {paths.trials_parquet}",
+        f"  history table  {paths.history_parquet}",
+    ]
+    if _exists(paths):
+        lines.append(
+            f"  a study named {spec.name!r} already exists there: `run` would refuse it; "
+            f"`{command_name()} resume {shlex.quote(spec.name)}` continues it (or run with --name NEW)"
+        )
+    else:
+        lines.append(f"  no study named {spec.name!r} there yet: `run` starts it")
+    return lines
+
+
+def _wall_time(spec: StudySpec, fit: int, least: int) -> list[str]:
+    """The wall-time estimate in lines, from iterations timed here (`measure`), ``fit`` trials at
+    once; ``least`` trial-iterations is the budget ASHA could cut to."""
+    n, iters = spec.search.num_samples, spec.iterations
+    full = n * iters
+    try:
+        e = measure(spec)
+    except Exception as exc:  # the estimate is a courtesy: a task it cannot build here is no spec error
+        return [f"wall time: no estimate ({type(exc).__name__}: {' '.join(str(exc).split())[:200]})"]
+    per_trial_evals = math.ceil(iters / spec.eval_interval)
+    at_once = max(fit, 1)
+
+    def wall(trial_iterations: int) -> float:
+        evals = per_trial_evals * n * trial_iterations / full
+        return (trial_iterations * e.s_per_iteration + evals * e.s_per_evaluation) / at_once
+
+    lines = [
+        f"wall time, an ESTIMATE: {e.s_per_iteration * 1e3:.1f} ms an iteration and "
+        f"{e.s_per_evaluation * 1e3:.0f} ms an evaluation, measured here on {e.device} "
+        f"({e.iterations} iterations at {e.at}, {e.threads} thread(s), eager)"
+    ]
+    span = f"{_duration(wall(full))}" + (f" (ASHA at best: {_duration(wall(least))})" if least < full else "")
+    lines.append(f"  {n} trials, {at_once} at once: about {span} of training and evaluation")
+    lines.append("  not counted: Ray's start (~10 s), per-trial set-up, other load on the machine")
+    if spec.resources.gpu > 0 and e.device == "cpu":
+        lines.append("  the trials ask for GPUs and none is here: on a GPU they run at another speed")
+    return lines
+
+
+def asha_milestones(grace: int, max_t: int, factor: float, brackets: int = 1) -> list[int]:
+    """The iterations at which ASHA compares trials (the first bracket's rungs), as Ray's
+    ``AsyncHyperBandScheduler`` places them: ``grace * factor**k`` below ``max_t``."""
+    count = int(math.log(max_t / grace) / math.log(factor) + 1)
+    rungs = sorted(int(grace * factor**k) for k in range(count))
+    return [r for r in rungs if r < max_t]
+
+
+def least_trial_iterations(n: int, max_t: int, rungs: list[int], factor: float) -> int:
+    """Trial-iterations if ASHA stops all it may: of ``n`` trials, ``n / factor**k`` pass the k-th
+    rung, the rest stop there. A bound: the first trials at a rung always go on."""
+    total, start = 0.0, 0
+    for k, end in enumerate([*rungs, max_t]):
+        total += n / factor**k * (end - start)
+        start = end
+    return round(total)
+
+
+def trials_at_once(max_concurrent: int, cpu: float, gpu: float, cpus: int, gpus: int) -> int:
+    """How many trials run together on one machine with ``cpus`` and ``gpus``."""
+    fit = min(max_concurrent, int(cpus // cpu))
+    return min(fit, int(gpus // gpu)) if gpu > 0 else fit
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """Seconds a training iteration and an evaluation took here, at one point of the space."""
+
+    s_per_iteration: float
+    s_per_evaluation: float
+    iterations: int
+    device: str
+    threads: int
+    at: str
+    """The point of the space timed (``lambda_p=0.21, max_steps=12``)."""
+
+
+def measure(spec: StudySpec, budget_s: float = ESTIMATE_BUDGET_S) -> Estimate:
+    """Time real training iterations of the spec's task at the centre of its space (each range's
+    middle, on a log scale where the range is; the middle listed value), eager, with the threads
+    one trial gets; ``budget_s`` of training at most, after one warm-up iteration."""
+    import torch
+
+    from ponder.trainer import Trainer
+
+    point = {d.name: _centre(d) for d in spec.space}
+    config = spec.config_for(point)
+    config.compile = "off"  # a compile takes a minute: time the eager step (auto is eager on the CPU)
+    threads = max(1, int(spec.resources.cpu))
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        trainer = Trainer(config)
+        trainer.train_step()  # warm-up: first-call allocations
+        count, start = 0, time.perf_counter()
+        while count < 3 or (time.perf_counter() - start < budget_s and count < config.iterations):
+            trainer.train_step()
+            count += 1
+        per_iteration = (time.perf_counter() - start) / count
+        start = time.perf_counter()
+        trainer.evaluate()
+        per_evaluation = time.perf_counter() - start
+    finally:
+        torch.set_num_threads(before)
+    at = ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in point.items())
+    return Estimate(per_iteration, per_evaluation, count, str(trainer.device), threads, at)
+
+
+def _centre(d: Dimension) -> Any:
+    if d.values is not None:
+        ordered = sorted(d.values) if all(isinstance(v, int | float) for v in d.values) else list(d.values)
+        return ordered[(len(ordered) - 1) // 2]
+    assert d.low is not None and d.high is not None
+    mid = math.sqrt(d.low * d.high) if d.log else (d.low + d.high) / 2
+    return round(mid) if d.integer else mid
+
+
+def _dimension(d: Dimension) -> str:
+    if d.values is not None:
+        return f"{d.name:<14} one of {', '.join(map(str, d.values))}"
+    kind = "int" if d.integer else "float"
+    scale = ", log scale" if d.log else ""
+    return f"{d.name:<14} {kind} in [{d.low:g}, {d.high:g}]{scale}"
+
+
+def _gpu_count() -> int:
+    """GPUs here, without importing torch: ``nvidia-smi -L`` lists one a line."""
+    if shutil.which("nvidia-smi") is None:
+        return 0
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=10, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return 0
+    return sum(line.startswith("GPU ") for line in out.stdout.splitlines())
+
+
+def _exists(paths: StudyPaths) -> bool:
+    try:
+        return paths.exists()
+    except OSError:  # an unreachable storage: `run` says so itself
+        return False
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 2 * 3600:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
