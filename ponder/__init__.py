@@ -3,13 +3,17 @@
 No Ray here: the study layer (``study/``) wraps this library; this library knows nothing of it.
 
 The names below load their module on first use (PEP 562), so importing ``ponder.config`` or
-``ponder.metrics`` (what checking a spec or reading a study needs) does not load torch.
+``ponder.metrics`` (what checking a spec or reading a study needs) does not load torch. The
+built-in tasks are registered here (`ponder.tasks`, torch-free at import), so that whichever
+module of ponder is imported first, ``ponder.config.CONFIGS`` and the registry have them.
 """
 
 from __future__ import annotations
 
 import importlib
 from typing import TYPE_CHECKING, Any
+
+from ponder import tasks as _tasks  # noqa: F401  (registers the built-in tasks)
 
 if TYPE_CHECKING:
     from ponder.config import CONFIGS, ConfigError, MnistConfig, ParityConfig, PonderConfig, TaskConfig

@@ -1,7 +1,8 @@
 """Typed configs, one per task. Field names are the names everywhere: CLI flags
 (``--lambda-p``), search-space keys and Parquet columns (``lambda_p``).
 
-Which tasks there are is `ponder.tasks`'s registry: ``CONFIGS`` reads it at each use.
+Which tasks there are is `ponder.registry`'s: ``CONFIGS`` reads it at each use. The tasks
+(`ponder.tasks`) import this module; it imports none of them.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ import types
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import (
-    TYPE_CHECKING,
     Any,
     ClassVar,
     Generic,
@@ -28,8 +28,7 @@ from typing import (
     get_type_hints,
 )
 
-if TYPE_CHECKING:
-    from ponder.tasks import TaskDef
+from ponder.registry import definitions
 
 PriorTail = Literal["renormalise", "last_step", "truncate"]
 """How the geometric prior's mass beyond step N is treated (`ponder.halting.log_geometric_prior`)."""
@@ -243,13 +242,12 @@ class TaskView(Mapping[str, V], Generic[V]):
     """One value per registered task (`ponder.tasks.TaskDef`), by task name, in registration
     order; read at each use, so a task registered later is in it."""
 
-    def __init__(self, value: Callable[[TaskDef[Any]], V]) -> None:
+    def __init__(self, value: Callable[[Any], V]) -> None:
+        """``value``: what to read from a task's definition (a `ponder.tasks.TaskDef`)."""
         self._value = value
 
     def _values(self) -> dict[str, V]:
-        from ponder.tasks import registered  # ponder.tasks imports this module: looked up at use
-
-        return {name: self._value(task) for name, task in registered().items()}
+        return {name: self._value(task) for name, task in definitions().items()}
 
     def __getitem__(self, name: str) -> V:
         return self._values()[name]

@@ -1,9 +1,10 @@
-"""The task registry: what is particular to each task, in one module per task, found by name.
+"""The tasks: what is particular to each task, in one module per task, found by name.
 
-A task (`TaskDef`) is its config class, how to build its model, training batches and fixed
-evaluation sets (`Task`), the names of those sets, and its chance level. Everything generic
-(`ponder.trainer.Trainer`, ``ponder.config.CONFIGS``, `ponder.metrics`, the CLI, ``study/``)
-dispatches through here, so a new task is one module that calls `register`.
+A task (`TaskDef`, `ponder.tasks.task`) is its config class, how to build its model, training
+batches and fixed evaluation sets (`Task`), the names of those sets, and its chance level. The
+definitions are kept by name in `ponder.registry`, which ``ponder.config.CONFIGS`` reads too;
+everything generic (`ponder.trainer.Trainer`, `ponder.metrics`, the CLI, ``study/``) dispatches
+through here, so a new task is one module whose `TaskDef` is given to `register`.
 
 Torch-free at import, the task modules too (they load torch when they build): checking a spec or
 reading a study asks the registry for names and chance levels without loading torch.
@@ -11,17 +12,16 @@ reading a study asks the registry for names and chance levels without loading to
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Generic, TypeAlias, TypeVar
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, TypeVar
 
+from ponder import registry
 from ponder.config import ConfigError, PonderConfig, TaskView
+from ponder.tasks import mnist, parity
+from ponder.tasks.task import Batch, Task, TaskDef
 
 if TYPE_CHECKING:
     import torch
-
-    from ponder.data.parity import EvalSet
-    from ponder.model import PonderNet
 
 __all__ = [
     "CHANCE",
@@ -39,80 +39,40 @@ __all__ = [
     "unregister",
 ]
 
-Batch: TypeAlias = "tuple[torch.Tensor, torch.Tensor]"
-"""A training batch ``(x [B, ...], y [B])``."""
-
 C = TypeVar("C", bound=PonderConfig)
-
-
-@dataclass
-class Task:
-    """The model, a training-batch sampler and the fixed evaluation sets of one config."""
-
-    model: PonderNet
-    sample_batch: Callable[[torch.Generator], Batch]
-    eval_sets: dict[str, EvalSet]
-
-
-@dataclass(frozen=True)
-class TaskDef(Generic[C]):
-    """What is particular to one task; its name is its config class's ``task``."""
-
-    config: type[C]
-    """The task's config class (a `PonderConfig` with its own fields and checks)."""
-    build: Callable[[C, torch.device, object | None], Task]
-    """(config, device, data) -> `Task`; ``data`` is the task's own data (MNIST's `MnistData`),
-    None for its default. `build_task` seeds torch with ``config.seed`` before calling it."""
-    eval_set_names: Callable[[C], list[str]]
-    """The names of the evaluation sets ``build`` makes for a config, without building them."""
-    chance: float | None
-    """The accuracy of a guess (1/2 for a bit, 1/10 for a digit); None where unknown."""
-    canonical_sets: tuple[str, ...]
-    """The evaluation sets a study's Parquet has as columns from the start (any other set a
-    study reports adds its columns when it appears)."""
-
-    @property
-    def name(self) -> str:
-        """The task's name: ``--task``, a spec's ``task``, the Parquet's ``task`` column."""
-        return self.config.task
-
-
-_TASKS: dict[str, TaskDef[Any]] = {}
 
 
 def register(task: TaskDef[C], *, replace: bool = False) -> TaskDef[C]:
     """Add ``task`` to the registry under its name (after the tasks already there); a name taken
     by another definition is an error unless ``replace``."""
-    name = task.name
-    if not name:
+    if not task.name:
         raise ValueError(f"{task.config.__name__} has no task name: set its class attribute `task`")
-    if name in _TASKS and _TASKS[name] != task and not replace:
-        raise ValueError(f"a task named {name!r} is registered already")
-    _TASKS[name] = task
+    registry.add(task.name, task, replace=replace)
     return task
 
 
 def unregister(name: str) -> TaskDef[Any]:
     """Remove the task ``name`` and return its definition (a test's task, say)."""
-    return _TASKS.pop(name)
+    task: TaskDef[Any] = registry.remove(name)
+    return task
 
 
 def registered() -> Mapping[str, TaskDef[Any]]:
     """Every task by name, in registration order (read-only)."""
-    return dict(_TASKS)
+    return registry.definitions()
 
 
 def get_task(name: str) -> TaskDef[Any]:
     """The task ``name``; `ConfigError` naming the registered tasks if there is none."""
-    task = _TASKS.get(name)
-    if task is None:
-        raise ConfigError(f"task must be one of {', '.join(_TASKS)}, got {name!r}")
-    return task
+    tasks = registered()
+    if name not in tasks:
+        raise ConfigError(f"task must be one of {', '.join(tasks)}, got {name!r}")
+    return tasks[name]
 
 
 def task_of(config: PonderConfig) -> TaskDef[Any]:
     """The task whose config ``config`` is; `TypeError` for a config of no registered task."""
-    task = _TASKS.get(config.task)
+    task = registered().get(config.task)
     if task is None or not isinstance(config, task.config):
         raise TypeError(f"no task for config {type(config).__name__}")
     return task
@@ -135,7 +95,7 @@ def eval_set_names(config: PonderConfig) -> list[str]:
 
 def canonical_sets() -> tuple[str, ...]:
     """Every registered task's canonical evaluation sets, in registration order, each once."""
-    return tuple(dict.fromkeys(s for task in _TASKS.values() for s in task.canonical_sets))
+    return tuple(dict.fromkeys(s for task in registered().values() for s in task.canonical_sets))
 
 
 CHANCE: Mapping[str, float | None] = TaskView(lambda task: task.chance)
@@ -151,7 +111,5 @@ def accuracy(y_hat: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 
 # the built-in tasks, in the order the CLI, the spec schema and the Parquet list them
-from ponder.tasks import mnist, parity  # noqa: E402  (they import the names above)
-
 register(parity.TASK)
 register(mnist.TASK)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ponder.config import MnistConfig
-from ponder.tasks import Batch, Task, TaskDef
+from ponder.tasks.task import Batch, Task, TaskDef
 
 if TYPE_CHECKING:
     import torch

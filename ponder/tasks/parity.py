@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ponder.config import ParityConfig
-from ponder.tasks import Batch, Task, TaskDef
+from ponder.tasks.task import Batch, Task, TaskDef
 
 if TYPE_CHECKING:
     import torch

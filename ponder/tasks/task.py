@@ -1,0 +1,59 @@
+"""What a task is: its definition (`TaskDef`), registered by name in `ponder.registry`, and what
+it builds for one config (`Task`: the model, a training-batch sampler, the evaluation sets).
+
+Each task module (`ponder.tasks.parity`, `ponder.tasks.mnist`) makes one `TaskDef`; `ponder.tasks`
+registers them. Torch-free at import.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Generic, TypeAlias, TypeVar
+
+from ponder.config import PonderConfig
+
+if TYPE_CHECKING:
+    import torch
+
+    from ponder.data.parity import EvalSet
+    from ponder.model import PonderNet
+
+__all__ = ["Batch", "Task", "TaskDef"]
+
+Batch: TypeAlias = "tuple[torch.Tensor, torch.Tensor]"
+"""A training batch ``(x [B, ...], y [B])``."""
+
+C = TypeVar("C", bound=PonderConfig)
+
+
+@dataclass
+class Task:
+    """The model, a training-batch sampler and the fixed evaluation sets of one config."""
+
+    model: PonderNet
+    sample_batch: Callable[[torch.Generator], Batch]
+    eval_sets: dict[str, EvalSet]
+
+
+@dataclass(frozen=True)
+class TaskDef(Generic[C]):
+    """What is particular to one task; its name is its config class's ``task``."""
+
+    config: type[C]
+    """The task's config class (a `PonderConfig` with its own fields and checks)."""
+    build: Callable[[C, torch.device, object | None], Task]
+    """(config, device, data) -> `Task`; ``data`` is the task's own data (MNIST's `MnistData`),
+    None for its default. `build_task` seeds torch with ``config.seed`` before calling it."""
+    eval_set_names: Callable[[C], list[str]]
+    """The names of the evaluation sets ``build`` makes for a config, without building them."""
+    chance: float | None
+    """The accuracy of a guess (1/2 for a bit, 1/10 for a digit); None where unknown."""
+    canonical_sets: tuple[str, ...]
+    """The evaluation sets a study's Parquet has as columns from the start (any other set a
+    study reports adds its columns when it appears)."""
+
+    @property
+    def name(self) -> str:
+        """The task's name: ``--task``, a spec's ``task``, the Parquet's ``task`` column."""
+        return self.config.task
