@@ -18,10 +18,10 @@ start / reports / end / Tune's periodic save, measured over the last ``--window`
 study (its cost per trial at that size), and the study's total driver time when every trial was
 timed. ``--fast-prefix`` runs the first N - window trials without the Parquet refresh and the
 forced state save (then writes the Parquet once, and the callback reads it back as a driver does
-once, at its first trial end: timed apart): what made the code before issue 15 quadratic, and so
-the only way to measure it at N = 2000. ``--s3`` puts the study on moto's S3 server.
-Then the Parquet recipes of docs/parquet.md (pandas) over the 2,000-trial study, timed. The last line:
-``growth <cost per trial at the largest N / cost per trial at the smallest>``.
+once, at its first trial end: timed apart): the two costs that would grow with the study, left
+out of the prefix, the only way to reach N = 2000 in a bench's time. ``--s3`` puts the study on
+moto's S3 server. Then the Parquet recipes of docs/parquet.md (pandas) over the 2,000-trial
+study, timed. The last line: ``growth <cost per trial at the largest N / cost per trial at the smallest>``.
 
 With ``--real`` it runs real trials instead: the shipped ``parity-smoke`` study (tiny parity
 trials, TPE, ASHA) with ``--num-samples N`` for each N (default 20 100 500), the real command

@@ -6,13 +6,13 @@
 #   3. bench/iteration_speed.py --device cuda: seeds, eager, compiled (CUDA graphs), compiled without;
 #   4. bench/gpu_packing.py (trials per GPU against throughput);
 #   5. tests/study/test_gpu.py (step 2 as a test);
-#   6. issue 12's figures on the GPU, if time is left: bench/iteration_speed.py --task mnist,
+#   6. the speed figures on the GPU, if time is left: bench/iteration_speed.py --task mnist,
 #      bench/study_throughput.py --gpu 0.25 (a study's wall time, default against eager) and
 #      bench/time_to_accuracy.py --device cuda (three seeds, with a compile cache of its own).
 # Each step has its own time limit, so one that hangs leaves time to the rest; every log goes to
 # OUT_DIR (default results/gpu-checks), the figures at the end of each. The limits are what each
-# step needed on an H200 (2026-11-26), with some margin: steps 1-5 fit in 9 minutes, step 6 needs
-# about 11 more, so a 15-minute lending runs 1-5 and then what it can of 6 (GPU_CHECKS_SKIP).
+# step needs on an H200, with some margin: steps 1-5 fit in 9 minutes, step 6 needs about 11
+# more, so 15 minutes of GPU time run 1-5 and then what they can of 6 (GPU_CHECKS_SKIP).
 #
 #   bash bench/gpu_checks.sh [OUT_DIR]
 # PYTHON=... picks the interpreter (default: .venv's, else python3); GPU_CHECKS_BUDGET_S the whole

@@ -2,8 +2,8 @@
 
 The study's scheduler (`study.search.scheduler.SnapshotBeforeStart`) has Tune save its state, and wait
 for the copy to reach the storage, once per driver before its first trial starts; before each
-later new trial it writes that trial's own started record instead (issue 15: a whole save per
-trial grew with the study), so that a resume after a SIGKILL knows every trial that ever trained.
+later new trial it writes that trial's own started record instead (a whole save per trial
+would grow with the study), so that a resume after a SIGKILL knows every trial that ever trained.
 This runs one real study through
 `study.run.runner.run_study` (the shipped spec ``--spec``, default ``parity-smoke``) and times every
 call of Tune's own save (`TuneController.checkpoint`), forced and periodic, wrapped here for the

