@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from ponder.compiled import share_compile_cache
 from ponder.config import PonderConfig
 from ponder.cpu import keep_freed_memory
 from ponder.fused import ParamLayout, fusable_key, fusable_mismatch, fused_forward_loss, padded_log_prior
@@ -90,7 +91,10 @@ class FusedTrainer:
         self._adam: RowAdam | None = None
         self._plan: _Plan | None = None
         self._forward_loss: Callable[..., tuple[torch.Tensor, ...]] = fused_forward_loss
+        self._compiled_steps = 0  # the longest unroll compiled so far
         if compile:
+            share_compile_cache()  # the machine's Inductor cache, as `Trainer` compiles with
+            # static shapes: K rows always (free slots padded), N changes only upwards
             self._forward_loss = torch.compile(fused_forward_loss, dynamic=False)
         self.last_results: dict[int, StepResult] = {}
         """What the last iteration did for each member it trained, by slot."""
@@ -343,6 +347,8 @@ class FusedTrainer:
             self._members[s].trainer.config if t else None for s, t in zip(slots, trained, strict=True)
         ]
         n_steps = max(c.max_steps for c in configs if c is not None)
+        if self.compiled:  # N only grows: each new N is a compile, a shorter one would be another
+            n_steps = self._compiled_steps = max(n_steps, self._compiled_steps)
         dev = self.device
         priors = [
             padded_log_prior(self._members[s].trainer.log_prior, n_steps)

@@ -309,3 +309,19 @@ def test_row_adam_is_torch_adam_per_row_with_its_own_step_count_and_lr() -> None
         assert adam.steps[k] == int(state["step"])
         assert torch.allclose(params[k], plain[k].detach(), rtol=0, atol=1e-6)
         assert torch.allclose(adam.exp_avg_sq[k], state["exp_avg_sq"], rtol=1e-5, atol=1e-8)
+
+
+def test_a_member_joined_at_its_budget_completes_at_once_as_its_plain_run() -> None:
+    """`Trainer.run` of a run already at its budget trains nothing and reports it completed."""
+    first = Trainer(_config(iterations=5))
+    for _ in range(5):
+        first.train_step()
+    state = first.state_dict()
+    fused = FusedTrainer(2, "cpu")
+    a = fused.join(A)
+    done = fused.join(first.config, _copy(state))
+    due = fused.step()
+    assert set(due) == {done} and fused.running == [a] and fused.last_results.keys() == {a}
+    (plain,) = Trainer.from_state(_copy(state)).run()
+    assert due[done]["outcome"] == "completed" and due[done]["iteration"] == 5
+    _assert_same_metrics(due[done], plain)
