@@ -637,10 +637,10 @@ def test_the_command_exits_past_the_interpreters_c_teardown(exit_by: str) -> Non
     the interpreter's finalization, where libtorch and pyarrow together can abort (exit 134): an
     object still alive at exit is never finalized. ``sys.exit``, the control, finalizes it, so
     the check can tell the two apart."""
-    end = "study.cli.entry()" if exit_by == "entry" else "print(1, flush=True); sys.exit(0)"
+    end = "study.cli.verbs.entry()" if exit_by == "entry" else "print(1, flush=True); sys.exit(0)"
     code = (
         "import atexit, sys\n"
-        "import study.cli\n"
+        "import study.cli.verbs\n"
         "class Alive:\n"
         "    def __del__(self):\n"
         "        print('finalized', flush=True)\n"
@@ -715,7 +715,7 @@ def test_a_stop_swallowed_where_python_cannot_raise_is_silent_and_raised_again(
 
 _STOPPED_WHILE_PARSING = """
 import os, signal, sys
-import study.cli as cli
+import study.cli.verbs as cli
 from study.run.stops import install_stop_handlers
 
 install_stop_handlers()
