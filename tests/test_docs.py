@@ -156,7 +156,9 @@ def lab_lines_in_code() -> list[str]:
             if path.suffix not in (".py", ".sh") or not path.is_file():
                 continue
             text = path.read_text(errors="replace")
-            lines = _comments_and_strings(text) if path.suffix == ".py" else list(enumerate(text.splitlines(), 1))
+            lines = (
+                _comments_and_strings(text) if path.suffix == ".py" else list(enumerate(text.splitlines(), 1))
+            )
             found += _lab_lines(str(path.relative_to(REPO)), lines)
     return found
 
