@@ -85,16 +85,16 @@ def main() -> None:
     mode = "compiled" if args.compile else "eager"
     shape = f"{args.threads} threads, {args.iters} iterations x {args.rounds} rounds"
     print(f"parity, ParityConfig defaults, cpu, {shape}")
-    print(f"{'':16} {'ms/iter':>9} {'ms/member-it':>13} {'member-it/s':>12} {'ratio':>7}")
+    print(f"{'':20} {'ms/iter':>9} {'ms/member-it':>13} {'member-it/s':>12} {'ratio':>7}")
     base = statistics.median(plain_s)
-    print(f"{'plain Trainer':16} {base * 1e3:9.2f} {base * 1e3:13.2f} {1 / base:12.1f} {1.0:7.2f}")
+    print(f"{'plain Trainer':20} {base * 1e3:9.2f} {base * 1e3:13.2f} {1 / base:12.1f} {1.0:7.2f}")
     best = (0.0, 0)
     for k in ks:
         dt = statistics.median(fused_s[k])
         ratio = (k / dt) / (1 / base)
         best = max(best, (ratio, k))
         label = f"fused K={k} {mode}"
-        print(f"{label:16} {dt * 1e3:9.2f} {dt * 1e3 / k:13.2f} {k / dt:12.1f} {ratio:7.2f}")
+        print(f"{label:20} {dt * 1e3:9.2f} {dt * 1e3 / k:13.2f} {k / dt:12.1f} {ratio:7.2f}")
     print(f"ratio {best[0]:.2f} at K={best[1]}")
 
 

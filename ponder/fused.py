@@ -35,6 +35,7 @@ from ponder.trainer import resolve_device
 
 __all__ = [
     "FUSED_KEY_FIELDS",
+    "FUSED_TASK_ONLY",
     "ParamLayout",
     "fusable_key",
     "fusable_mismatch",
