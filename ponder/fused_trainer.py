@@ -49,10 +49,12 @@ class _Member:
     slot: int
     trainer: Trainer
     lr: float
+    held: bool = False
+    """Kept out of the iterations until released (`FusedTrainer.hold`)."""
 
     @property
     def running(self) -> bool:
-        return self.trainer.outcome == "running"
+        return self.trainer.outcome == "running" and not self.held
 
 
 @dataclass(frozen=True)
@@ -107,8 +109,17 @@ class FusedTrainer:
 
     @property
     def running(self) -> list[int]:
-        """The slots whose members train at the next iteration."""
+        """The slots whose members train at the next iteration: not finished, not held."""
         return [s for s in self.slots if self._members[s].running]
+
+    def hold(self, slot: int) -> None:
+        """Keep the slot's member out of the iterations, its state as it is, until `release`: a
+        driver that has not asked for its next report yet (a scheduler may stop it) holds it."""
+        self._member(slot).held = True
+
+    def release(self, slot: int) -> None:
+        """Let a held member train again from where it was held."""
+        self._member(slot).held = False
 
     @property
     def free_slots(self) -> list[int]:

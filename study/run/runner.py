@@ -41,6 +41,7 @@ from study.launchers.ray_token import private_token
 from study.records import journal_copy
 from study.records.records import StudyError, load_study_spec, read_end_records
 from study.run.export import ParquetCallback, export_experiment
+from study.run.fused import start_fusion
 from study.run.lease import hold_lease
 from study.run.processes import Reaper
 from study.run.stops import (
@@ -109,13 +110,21 @@ class StudyOutcome:
 
 
 def _trainable(spec: StudySpec, paths: StudyPaths) -> Any:
+    """The trial function with its resources; with ``fuse = K`` (`study.run.fused`), each trial
+    reserves 1/K of ``[resources]`` and is trained by its device's fuser, which this driver starts
+    here and owns (it ends with the driver)."""
+    res, fusion = spec.resources, None
+    if res.fuse > 1:
+        fusion, _ = start_fusion(res.fuse, threads=max(1, int(res.cpu)))
     fn = tune.with_parameters(
         train_trial,
         objectives=dict(spec.objectives),
         paths=paths,
-        threads=max(1, int(spec.resources.cpu)),
+        threads=max(1, int(res.cpu)),
+        fusion=fusion,
     )
-    return tune.with_resources(fn, {"cpu": spec.resources.cpu, "gpu": spec.resources.gpu})
+    share = res.fuse  # a fused group's members share its CPUs and GPU
+    return tune.with_resources(fn, {"cpu": res.cpu / share, "gpu": res.gpu / share})
 
 
 class _StudyReporter(CLIReporter):

@@ -26,10 +26,11 @@ from ray import tune
 
 from study.records.parquet import WORST
 from study.records.records import has_ended
+from study.run.fused import FusedRun, Fusion
 from study.storage.storage import CHECKPOINT_FILE, StudyPaths
 
 if TYPE_CHECKING:  # torch loads in the trial's process, never in the driver (about 1.5 s of CPU)
-    from ponder.trainer import Metrics
+    from ponder.trainer import Metrics, Trainer
 
 __all__ = [
     "CHECKPOINT_FILE",
@@ -80,47 +81,76 @@ def train_trial(
     objectives: Mapping[str, str],
     paths: StudyPaths,
     threads: int,
+    fusion: Fusion | None = None,
 ) -> None:
-    """Train one trial, resuming from Tune's checkpoint when there is one.
+    """Train one trial, resuming from Tune's checkpoint when there is one; with ``fusion``, in its
+    device's fused group (`study.run.fused`), which reports exactly what a `Trainer` would.
 
     A trial that had already ended (it has an end record, or its checkpoint says it finished)
     returns at once without training or reporting: nothing runs twice, even when Tune's saved
     state lags behind the study's records.
     """
+    trial_id = tune.get_context().get_trial_id()
+    if has_ended(paths, trial_id):
+        return
+    checkpoint = tune.get_checkpoint()
+    if fusion is not None:
+        state = None
+        if checkpoint is not None:
+            with checkpoint.as_directory() as d:
+                state = (Path(d) / CHECKPOINT_FILE).read_bytes()
+        fused = FusedRun(fusion, trial_id, dict(config), state)
+        try:
+            _report(fused, trial_id, objectives)
+        finally:
+            fused.leave()
+        return
+    trainer = _trainer(config, checkpoint, threads)
+    if trainer.outcome == "running":
+        _report(trainer, trial_id, objectives)
+
+
+def _trainer(config: dict[str, Any], checkpoint: tune.Checkpoint | None, threads: int) -> Trainer:
+    """The trial's own `Trainer`: its checkpoint's run continued, or a new one."""
     import torch
 
     from ponder.compiled import forget_compiled
     from ponder.config import config_from_dict
-    from ponder.trainer import Trainer, device_label
+    from ponder.trainer import Trainer
 
     torch.set_num_threads(threads)
     # Tune reuses this actor for trial after trial: without this, a compiled step's ninth shape
     # (another max_steps) would silently train eagerly, and old CUDA graphs would keep GPU memory
     forget_compiled()
-    trial_id = tune.get_context().get_trial_id()
-    if has_ended(paths, trial_id):
-        return
-    checkpoint = tune.get_checkpoint()
     if checkpoint is not None:
         with checkpoint.as_directory() as d:
-            trainer = Trainer.from_checkpoint(Path(d) / CHECKPOINT_FILE)
-        if trainer.outcome != "running":
-            return
-    else:
-        trainer = Trainer(config_from_dict(dict(config)))
+            return Trainer.from_checkpoint(Path(d) / CHECKPOINT_FILE)
+    return Trainer(config_from_dict(dict(config)))
+
+
+def _report(run: FusedRun | Trainer, trial_id: str, objectives: Mapping[str, str]) -> None:
+    """Report each of the run's metrics to Tune with its checkpoint, and where it ran."""
     where = {
         "node_ip": ray.util.get_node_ip_address(),  # type: ignore[no-untyped-call]
         "node_id": ray.get_runtime_context().get_node_id(),
-        "device": device_label(trainer.device),
         "gpu_ids": ",".join(str(i) for i in ray.get_gpu_ids()),
     }
-    fault, started_at = fault_iteration(), trainer.iteration
-    for metrics in trainer.run():
+    fault, started_at = fault_iteration(), run.iteration
+    for metrics in run.run():
+        fused = {"fuse_group": run.group, "fuse_members": run.members} if isinstance(run, FusedRun) else {}
         with tempfile.TemporaryDirectory() as d:
-            trainer.save(Path(d) / CHECKPOINT_FILE)
+            run.save(Path(d) / CHECKPOINT_FILE)
             tune.report(
-                {**tune_metrics(metrics, objectives), **where},
+                {**tune_metrics(metrics, objectives), **where, "device": _device(run), **fused},
                 checkpoint=tune.Checkpoint.from_directory(d),
             )
-        if fault is not None and started_at < fault <= trainer.iteration:  # a retry starts past it
-            raise InjectedFault(f"{FAULT_ENV}: trial {trial_id} fails once, at iteration {trainer.iteration}")
+        if fault is not None and started_at < fault <= run.iteration:  # a retry starts past it
+            raise InjectedFault(f"{FAULT_ENV}: trial {trial_id} fails once, at iteration {run.iteration}")
+
+
+def _device(run: FusedRun | Trainer) -> str:
+    if isinstance(run, FusedRun):
+        return run.device
+    from ponder.trainer import device_label
+
+    return device_label(run.device)

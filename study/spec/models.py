@@ -149,17 +149,22 @@ class SchedulerSpec(_Table):
 
 
 class ResourcesSpec(_Table):
-    """What one trial reserves; a fractional ``gpu`` shares a GPU between trials."""
+    """What one trial reserves (with ``fuse``, one fused group of trials); a fractional ``gpu``
+    shares a GPU between trials."""
 
     cpu: float = Field(1.0, gt=0)
-    """CPUs per trial"""
+    """CPUs per trial (with fuse > 1: per fused group)"""
     gpu: float = Field(0.0, ge=0)
-    """GPUs per trial; a fraction (0.25) shares a GPU"""
+    """GPUs per trial (with fuse > 1: per fused group); a fraction (0.25) shares a GPU"""
+    fuse: int = Field(1, ge=1)
+    """up to this many trials trained as one model on one device; 1: a process a trial"""
 
     @model_validator(mode="after")
     def _whole_gpus(self) -> ResourcesSpec:
         if self.gpu > 1 and not self.gpu.is_integer():
             raise _At(("gpu",), f"above 1 must be a whole number of GPUs, got {self.gpu:g}")
+        if self.fuse > 1 and self.gpu > 1:
+            raise _At(("gpu",), f"a fused group trains on one GPU: at most 1 with fuse > 1, got {self.gpu:g}")
         return self
 
 

@@ -390,6 +390,8 @@ def _cross_checked(doc: Any, raw: dict[str, Any], name: str, text: str) -> Study
             f"device {device!r} needs resources.gpu > 0: Ray hides the GPUs from a trial "
             'that asks for none; set [resources] gpu, or device = "auto"',
         )
+    if doc.resources.fuse > 1 and task != "parity":
+        _fail("resources.fuse", f"fused training supports the parity task only; set fuse = 1 for {task}")
     return StudySpec(
         name=name,
         task=task,

@@ -112,6 +112,33 @@ def test_run_until_event_returns_the_metrics_as_they_fall_due() -> None:
     assert events == [{d: 5}, {a: 10, d: 10}, {d: 15}, {a: 20, d: 20}, {d: 25}, {a: 30, d: 30}]
 
 
+def test_a_held_member_waits_and_goes_on_as_its_plain_run() -> None:
+    """A is held after its first report while D trains on; released, A goes on as if never held."""
+    fused = FusedTrainer(2, "cpu")
+    a, d = fused.join(A), fused.join(D)
+    a_losses: list[float] = []
+    reports: list[Metrics] = []
+    held_for = 0
+    while a in fused.slots and fused._members[a].trainer.outcome == "running":
+        due = fused.step()
+        if a in fused.last_results:
+            a_losses.append(fused.last_results[a].loss)
+        if a in due:
+            reports.append(due[a])
+            fused.hold(a)
+        if a not in fused.running and d in fused.running:
+            held_for += 1
+            if held_for == 7:
+                fused.release(a)
+        elif a not in fused.running:
+            fused.release(a)
+    assert held_for >= 7  # D trained while A was held
+    plain_losses, plain_reports = _plain(A)
+    _assert_same_losses(a_losses, plain_losses)
+    for got, want in zip(reports, plain_reports, strict=True):
+        _assert_same_metrics(got, want)
+
+
 def test_a_members_state_dict_is_a_plain_checkpoint_that_continues_exactly() -> None:
     fused = FusedTrainer(2, "cpu")
     a, b = fused.join(A), fused.join(B)

@@ -1,0 +1,114 @@
+"""Fused trials (``[resources] fuse = K``): a study's trials trained as one model per device, each
+still a trial everywhere: its Tune trial, Optuna trial, end record, reports, checkpoint and ASHA
+decision. Real Ray, Optuna and Parquet; the numbers checked against plain `Trainer` runs."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import optuna
+import pandas as pd
+import pytest
+import torch
+
+from ponder.config import config_from_dict
+from ponder.trainer import Trainer
+from study.search.search import optuna_storage
+from study.spec.spec import load_spec
+from study.storage.storage import StudyPaths
+from tests.study.conftest import Driver, cli, history, ledger_has, trials
+
+pytestmark = pytest.mark.slow
+NAME = "parity-smoke"
+SAMPLES = load_spec(NAME).search.num_samples
+ENDED = {"completed", "early_stopped", "diverged"}
+FUSE = 4
+
+
+def fused_spec(where: Path, fuse: int = FUSE) -> str:
+    """parity-smoke with ``fuse`` trials a group on the machine's two CPUs, ``fuse`` at once."""
+    source = load_spec(NAME).source
+    spec = where / f"{NAME}.toml"
+    spec.write_text(
+        source.replace("max_concurrent = 2", f"max_concurrent = {fuse}")
+        .replace("cpu = 1\n", "cpu = 2\n")
+        .replace("gpu = 0\n", f"gpu = 0\nfuse = {fuse}\n")
+    )
+    return str(spec)
+
+
+def saved_reports(storage: Path, name: str = NAME) -> dict[str, list[dict[str, object]]]:
+    """Every report of every ended trial, as the study saved them (`studies/<name>/reports/`)."""
+    out: dict[str, list[dict[str, object]]] = {}
+    for path in Path(StudyPaths(str(storage), name).reports_dir).glob("*.jsonl"):
+        out[path.stem] = [json.loads(line) for line in path.read_text().splitlines()]
+    return out
+
+
+def check_study(storage: Path) -> pd.DataFrame:
+    """The checks every finished fused study passes; returns its trials table."""
+    table = trials(storage, NAME)
+    assert len(table) == SAMPLES and table["trial_id"].is_unique
+    assert set(table["status"]) <= ENDED
+    paths = StudyPaths(str(storage), NAME)
+    study = optuna.load_study(study_name=NAME, storage=optuna_storage(paths))
+    assert [t.state.is_finished() for t in study.trials] == [True] * SAMPLES
+    assert len(list(Path(paths.ended_dir).glob("*.json"))) == SAMPLES
+    h = history(storage, NAME)
+    for _, rows in h.groupby("trial_id"):  # one row per report, none made twice
+        made = list(rows.sort_values("report")["iteration"])
+        assert made == list(range(10, max(made) + 1, 10))
+    return table
+
+
+def plain_accuracies(checkpoint: Path, iterations: int) -> list[float]:
+    """test/halted_accuracy at each evaluation of a plain `Trainer` run of the checkpoint's config."""
+    state = torch.load(checkpoint / "trainer.pt", map_location="cpu", weights_only=True)
+    config = config_from_dict(dict(state["config"]))
+    config.iterations = iterations
+    return [m["test/halted_accuracy"] for m in Trainer(config).run()]
+
+
+def test_a_fused_study_is_its_trials_run_alone(tmp_path: Path) -> None:
+    """The progress table on, as users run it: every trial ends, each in Parquet, Optuna, its end
+    record and its checkpoint; several were trained in one group at once; each reported exactly
+    the accuracies its configuration gives when trained alone."""
+    done = cli("run", fused_spec(tmp_path), "--storage", str(tmp_path), timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    table = check_study(tmp_path)
+    assert set(table["status"]) == {"completed", "early_stopped"}  # ASHA stopped some members alone
+
+    reports = saved_reports(tmp_path)
+    groups = {r["fuse_group"] for rs in reports.values() for r in rs}
+    assert len(groups) == 1  # one device, one shape: one group trained them all
+    assert max(r["fuse_members"] for rs in reports.values() for r in rs) >= 2
+
+    h = history(tmp_path, NAME)
+    for row in table.itertuples():
+        got = list(h[h["trial_id"] == row.trial_id].sort_values("report")["test/halted_accuracy"])
+        want = plain_accuracies(Path(row.checkpoint_path), int(row.iteration))
+        assert got == pytest.approx(want, abs=1e-6), row.trial_id
+        # the checkpoint is a plain one: a Trainer loads it where the trial stopped
+        assert Trainer.from_checkpoint(Path(row.checkpoint_path) / "trainer.pt").iteration == row.iteration
+
+
+def test_sigkill_of_a_fused_study_then_resume_goes_on_from_each_members_checkpoint(
+    driver: Callable[..., Driver], tmp_path: Path
+) -> None:
+    """A killed driver takes its fusers with it; the resume's trials join new ones, each from its
+    own checkpoint: no report is made twice and each trial's accuracies are still its plain run's."""
+    spec = fused_spec(tmp_path)
+    d = driver("run", spec, "--storage", str(tmp_path), "--quiet")
+    d.wait_until(ledger_has(tmp_path, NAME, "stopped"), poll=0.01)  # ASHA's first stop, at 10
+    d.kill()
+    done = cli("resume", NAME, "--storage", str(tmp_path), timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    table = check_study(tmp_path)
+    reports = saved_reports(tmp_path)
+    assert len({r["fuse_group"] for rs in reports.values() for r in rs}) == 2  # before and after the kill
+    h = history(tmp_path, NAME)
+    for row in table.itertuples():
+        got = list(h[h["trial_id"] == row.trial_id].sort_values("report")["test/halted_accuracy"])
+        assert got == pytest.approx(plain_accuracies(Path(row.checkpoint_path), int(row.iteration)), abs=1e-6)
