@@ -42,10 +42,9 @@ def check_spec(spec_arg: str, storage: str | None = None, *, estimate: bool = Tr
 
     cpus, gpus = os.cpu_count() or 1, _gpu_count()
     res = spec.resources
-    fit = trials_at_once(spec.search.max_concurrent, res.cpu, res.gpu, cpus, gpus)
+    fit = trials_at_once(spec.search.max_concurrent, res.cpu / res.fuse, res.gpu / res.fuse, cpus, gpus)
+    lines += ["", *_fusion(spec, fit)]
     lines += [
-        "",
-        f"resources per trial: {res.cpu:g} CPU, {res.gpu:g} GPU",
         f"trials at once: at most {spec.search.max_concurrent} (max_concurrent); this machine "
         f"({cpus} CPUs, {gpus} GPUs) fits {fit}"
         + ("" if fit else " (a cluster runs it: ponder-study run --address ...)"),
@@ -56,6 +55,26 @@ def check_spec(spec_arg: str, storage: str | None = None, *, estimate: bool = Tr
     else:
         lines += _wall_time(spec, fit, least)
     return "\n".join(lines)
+
+
+def _fusion(spec: StudySpec, fit: int) -> list[str]:
+    """What a trial reserves, and with ``fuse``, how trials are trained together."""
+    res = spec.resources
+    if res.fuse == 1:
+        return [
+            f"resources per trial: {res.cpu:g} CPU, {res.gpu:g} GPU; each trial trains in its own process"
+        ]
+    device = "GPU" if res.gpu > 0 else "CPU group"
+    lines = [
+        f"fused: up to {res.fuse} trials trained as one model per {device} ({res.cpu:g} CPU, {res.gpu:g} GPU "
+        f"a group); each trial reserves {res.cpu / res.fuse:g} CPU, {res.gpu / res.fuse:g} GPU",
+    ]
+    if min(fit, spec.search.max_concurrent) < res.fuse:
+        lines.append(
+            f"  note: at most {min(fit, spec.search.max_concurrent)} trials at once here, so a group holds "
+            f"no more than that; raise [search] max_concurrent to {res.fuse} to fill one"
+        )
+    return lines
 
 
 def _budget(spec: StudySpec) -> tuple[list[str], int]:

@@ -51,6 +51,17 @@ def test_check_parity_prints_the_studys_figures_and_never_imports_ray(tmp_path: 
     assert "ESTIMATE" in out and "measured here on cpu" in out
 
 
+def test_check_says_how_a_fused_spec_places_its_trials(tmp_path: Path) -> None:
+    source = load_spec("parity-smoke").source.replace("gpu = 0\n", "gpu = 0\nfuse = 8\n")
+    spec = tmp_path / "fused.toml"
+    spec.write_text(source)
+    rc, out, _ = run_check(str(spec), "--no-estimate", "--storage", str(tmp_path))
+    assert rc == 0, out
+    assert "fused: up to 8 trials trained as one model per CPU group" in out
+    assert "each trial reserves 0.125 CPU" in out
+    assert "raise [search] max_concurrent to 8" in out  # the smoke spec runs 2 at once
+
+
 def test_without_the_estimate_neither_torch_nor_ray_is_imported(tmp_path: Path) -> None:
     rc, out, loaded = run_check("parity-lambda-grid", "--no-estimate", "--storage", str(tmp_path))
     assert rc == 0, out

@@ -379,6 +379,8 @@ BAD = [
     ("cpu-zero", {"resources": "[resources]\ncpu = 0"}, "resources.cpu", "above 0"),
     ("gpu-negative", {"resources": "[resources]\ngpu = -1"}, "resources.gpu", ">= 0"),
     ("gpu-fraction-above-one", {"resources": "[resources]\ngpu = 1.5"}, "resources.gpu", "whole number"),
+    ("fuse-zero", {"resources": "[resources]\nfuse = 0"}, "resources.fuse", ">= 1"),
+    ("fuse-over-two-gpus", {"resources": "[resources]\ngpu = 2\nfuse = 4"}, "resources.gpu", "on one GPU"),
     ("storage-empty", {"run": "[run]\nstorage = ''"}, "run.storage", "non-empty"),
     ("failures-negative", {"run": "[run]\nmax_failures = -1"}, "run.max_failures", ">= 0"),
     ("table-not-a-table", {"top": 'task = "parity"\nrun = 3'}, "run", "must be a table"),
@@ -458,6 +460,12 @@ def test_a_metric_on_a_set_some_corners_lack_is_refused() -> None:
         parse_spec(text, "some-corners")
     ok = text.replace("high = 8", "high = 7")
     assert parse_spec(ok, "all-corners").scheduler.metric == "extrapolation/halted_accuracy"
+
+
+def test_fused_mnist_is_refused_until_its_convolution_is_fused() -> None:
+    source = load_spec("mnist").source.replace("[resources]", "[resources]\nfuse = 4")
+    with pytest.raises(SpecError, match=r"^resources.fuse: fused training supports the parity task only"):
+        parse_spec(source, "mnist-fused")
 
 
 def test_a_bad_name_is_refused() -> None:
