@@ -206,3 +206,34 @@ def test_a_lost_node_costs_only_the_work_since_the_last_checkpoint(
         # the checkpoint before it (seen once: 100, 200, 300, then 300 again from 200's)
         assert after[0] >= before[-1], (before, after)
     print(f"\ncluster start-up {cluster.startup_s:.1f} s; retries {moved['retries'].tolist()}")
+
+
+def test_fused_trials_train_one_group_per_node_and_gpu(cluster: LocalCluster, s3: S3, tmp_path: Path) -> None:
+    """``fuse = 4`` on the two GPU workers: each trial reserves a quarter of a group's CPUs and GPU,
+    each node and GPU trains its trials as one group (never a group across two), and every
+    trial is still its own row, reports and checkpoint, on S3."""
+    bucket = s3.bucket()
+    storage = f"{bucket}/ponder"
+    spec = _spec(tmp_path, iterations=200, eval_interval=50, grace=100, num_samples=8)
+    spec.write_text(
+        spec.read_text()
+        .replace("gpu = 0.5\n", "gpu = 1\nfuse = 4\n")
+        .replace("cpu = 1\n", "cpu = 2\n")
+        .replace("max_concurrent = 4", "max_concurrent = 8")
+    )
+    done = cli("run", str(spec), "--name", "fused", "--address", cluster.address, "--storage", storage)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+    df = _read(s3, f"{storage}/trials/study=fused")
+    assert len(df) == 8 and set(df["status"]) <= FINAL
+    assert (df["device"] == "cpu").all() and df["gpu_ids"].isin(["0", "1"]).all()
+    where: dict[str, set[tuple[str, str]]] = {}  # fused group -> the (node, GPU) of its reports
+    members = 0
+    for path in s3.files(f"{storage}/studies/fused/reports"):
+        for line in s3.fs().open_input_stream(path).readall().splitlines():
+            report = json.loads(line)
+            where.setdefault(report["fuse_group"], set()).add((report["node_id"], report["gpu_ids"]))
+            members = max(members, report["fuse_members"])
+    assert all(len(places) == 1 for places in where.values()), where  # a group is one node's GPU
+    assert len({node for places in where.values() for node, _ in places}) == 2  # both workers trained
+    assert members >= 2  # trials were trained together
