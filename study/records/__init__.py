@@ -1,7 +1,8 @@
 """The study's own truth, which a resume and every reader trust, and the Parquet's contract.
 
 - `study.records.records`: one end record per trial (`EndRecord`, `read_end_records`), the
-  study's saved spec (`load_study_spec`), `StudyError`;
+  study's saved spec (`load_study_spec`), each trial's saved reports (`read_reports`), `StudyError`;
+- `study.records.truth`: those records read once at the start of a resume (`StudyTruth`);
 - `study.records.asha_state`: ASHA's saved state (``asha.json`` and the changes since);
 - `study.records.journal_copy`: the Optuna journal's copy on an object store;
 - `study.records.parquet`: the Parquet contract (`SCHEMA_VERSION`, the trials and history
@@ -20,11 +21,13 @@ if TYPE_CHECKING:
         END_OUTCOMES,
         EndRecord,
         StudyError,
+        ended_trial_ids,
         finished_study,
         has_ended,
         load_study_spec,
         read_end_record,
         read_end_records,
+        read_reports,
         relative_to_root,
         write_end_record,
     )
@@ -33,11 +36,13 @@ __all__ = [
     "END_OUTCOMES",
     "EndRecord",
     "StudyError",
+    "ended_trial_ids",
     "finished_study",
     "has_ended",
     "load_study_spec",
     "read_end_record",
     "read_end_records",
+    "read_reports",
     "relative_to_root",
     "write_end_record",
 ]

@@ -14,8 +14,9 @@ in ``asha.json``; `read_end_records` reads those too.
 
 from __future__ import annotations
 
+import functools
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,11 +49,13 @@ __all__ = [
     "END_OUTCOMES",
     "EndRecord",
     "StudyError",
+    "ended_trial_ids",
     "finished_study",
     "has_ended",
     "load_study_spec",
     "read_end_record",
     "read_end_records",
+    "read_reports",
     "relative_to_root",
     "write_end_record",
 ]
@@ -126,22 +129,49 @@ def read_end_record(paths: StudyPaths, trial_id: str) -> EndRecord | None:
         return None
 
 
-def _saved_last_report(paths: StudyPaths, trial_id: str) -> dict[str, Any]:
+def read_reports(paths: StudyPaths, trial_id: str) -> list[dict[str, Any]]:
+    """The reports the trial saved when it ended (`study.storage.storage.save_reports`), oldest
+    first; none if it saved none."""
     data = read_bytes(trial_reports(paths.reports_dir, trial_id))
-    reports = parse_result_lines(data.decode()) if data is not None else []
-    return reports[-1] if reports else {}
+    return parse_result_lines(data.decode()) if data is not None else []
 
 
-def read_end_records(paths: StudyPaths) -> dict[str, EndRecord]:
-    """Every trial's end record, by trial id (a record that cannot be parsed is skipped: it was
-    never renamed into place whole, so it cannot exist; a hand-edited one is not trusted)."""
-    records: dict[str, EndRecord] = {}
+def _listed_end_records(paths: StudyPaths) -> tuple[pafs.FileSystem, list[pafs.FileInfo]]:
+    """The end records' files, from one listing of their folder."""
     fs, directory = resolve(paths.ended_dir)
-    selector = pafs.FileSelector(directory, allow_not_found=True)
-    for info in fs.get_file_info(selector):
-        name = info.path.rstrip("/").rsplit("/", 1)[-1]
-        if info.type != pafs.FileType.File or not name.endswith(".json") or name.startswith("."):
-            continue
+    infos = fs.get_file_info(pafs.FileSelector(directory, allow_not_found=True))
+    return fs, [
+        i
+        for i in infos
+        if i.type == pafs.FileType.File and i.base_name.endswith(".json") and not i.base_name.startswith(".")
+    ]
+
+
+def ended_trial_ids(paths: StudyPaths) -> set[str]:
+    """The ids of the trials that ended for good, from the listing of the end records (none of
+    them read) and, for a study from before end records, its ledgers: what `finished_study`
+    needs, read before a resume, which reads the records themselves (`study.records.truth`)."""
+    _, listed = _listed_end_records(paths)
+    legacy = read_json(paths.ended) or {}
+    stopped = (read_state(paths.asha) or {}).get("stopped", [])
+    return {i.base_name.removesuffix(".json") for i in listed} | set(legacy) | set(stopped)
+
+
+def read_end_records(
+    paths: StudyPaths,
+    *,
+    stopped: Iterable[str] | None = None,
+    reports: Callable[[str], list[dict[str, Any]]] | None = None,
+) -> dict[str, EndRecord]:
+    """Every trial's end record, by trial id (a record that cannot be parsed is skipped: it was
+    never renamed into place whole, so it cannot exist; a hand-edited one is not trusted).
+
+    A study from before end records keeps ASHA's stops in its state: ``stopped``, those stops
+    when the caller has read that state (`study.records.truth`), else it is read here; its
+    trials' last reports come from ``reports`` (by default `read_reports`)."""
+    records: dict[str, EndRecord] = {}
+    fs, listed = _listed_end_records(paths)
+    for info in listed:
         with fs.open_input_stream(info.path) as f:
             data = f.readall()
         try:
@@ -151,12 +181,15 @@ def read_end_records(paths: StudyPaths) -> dict[str, EndRecord]:
         records[rec.trial_id] = rec
     # studies started before end records: ended.json (trial id -> checkpoint) and ASHA's stops
     legacy = read_json(paths.ended) or {}
-    stopped = set((read_state(paths.asha) or {}).get("stopped", []))
-    for trial_id in set(legacy) | stopped:
+    if stopped is None:
+        stopped = (read_state(paths.asha) or {}).get("stopped", [])
+    stops = set(stopped)
+    for trial_id in set(legacy) | stops:
         if trial_id in records:
             continue
-        last = _saved_last_report(paths, trial_id)
-        outcome = "early_stopped" if trial_id in stopped else str(last.get("outcome") or "completed")
+        saved = (reports or functools.partial(read_reports, paths))(trial_id)
+        last = saved[-1] if saved else {}
+        outcome = "early_stopped" if trial_id in stops else str(last.get("outcome") or "completed")
         if outcome not in END_OUTCOMES:
             outcome = "early_stopped"
         records[trial_id] = EndRecord(
@@ -175,7 +208,7 @@ def finished_study(paths: StudyPaths, num_samples: int) -> bool:
     them all, and no Optuna trial RUNNING. Read without Ray, so ``resume`` can say so at once."""
     from study.storage.storage import join, read_study_table
 
-    ends = read_end_records(paths)
+    ends = ended_trial_ids(paths)
     if len(ends) < num_samples:
         return False
     table = read_study_table(paths, "trials")
