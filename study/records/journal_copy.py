@@ -26,7 +26,7 @@ import pyarrow.fs as pafs
 
 from study.storage.storage import StudyPaths, read_bytes, resolve, write_bytes
 
-__all__ = ["fold", "parts_dir", "pull", "push", "push_journal", "read_copy"]
+__all__ = ["exists", "fold", "parts_dir", "pull", "push", "push_journal", "read_copy"]
 
 log = logging.getLogger("ponder-study")
 
@@ -70,6 +70,12 @@ def read_copy(copy: str) -> bytes | None:
         with fs.open_input_stream(path) as f:
             data += f.readall()[len(data) - offset :]
     return bytes(data)
+
+
+def exists(copy: str) -> bool:
+    """Whether there is a copy at ``copy`` (its base or a part), from listings alone."""
+    fs, path = resolve(copy)
+    return fs.get_file_info(path).type == pafs.FileType.File or bool(_parts(copy))
 
 
 def _copied(copy: str) -> int:

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from study.storage.files import read_bytes
+from study.storage.files import file_size
 from study.storage.filesystems import is_remote, join, journal_cache, resolve
 
 __all__ = ["CHECKPOINT_FILE", "FRAGMENT_PREFIX", "StudyPaths"]
@@ -149,5 +149,7 @@ class StudyPaths:
         return join(self.study_dir, "started", f"{trial_id}.json")
 
     def exists(self) -> bool:
-        """Whether a study of this name was started here (its spec was saved)."""
-        return read_bytes(self.spec) is not None
+        """Whether a study of this name was started here (its spec was saved): asked of the
+        storage (one HEAD on an object store), the spec itself not read."""
+        fs, path = resolve(self.spec)
+        return file_size(fs, path) is not None
