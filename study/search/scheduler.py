@@ -27,6 +27,7 @@ start:
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from ray.tune.experiment import Trial
@@ -172,6 +173,9 @@ class PersistentASHA(SnapshotBeforeStart, AsyncHyperBandScheduler):
         self._assigned: dict[str, int] = {}  # trial id -> bracket index
         self._loaded = False
 
+    def __getstate__(self) -> dict[str, Any]:  # a state handed by `use_saved` is never pickled
+        return {k: v for k, v in self.__dict__.items() if k != "_given"}
+
     def __setstate__(self, state: dict[str, Any]) -> None:  # a study saved before the log
         super().__setstate__(state)
         self.__dict__.setdefault("_unsaved", {})
@@ -180,12 +184,19 @@ class PersistentASHA(SnapshotBeforeStart, AsyncHyperBandScheduler):
         """Point at the study where it is now (Tune restores the scheduler with its old paths)."""
         self.paths, self._state_uri = paths, paths.asha
 
+    def use_saved(self, state: Mapping[str, Any] | None) -> None:
+        """Take ``state``, the saved state a resume already read (`study.records.truth`), when
+        the rungs are loaded, in place of reading it again (None: there was none)."""
+        self._given = (state,)
+
     # -- persistence ----------------------------------------------------------------------------
     def _load(self) -> None:
-        """Read the saved rungs once, before the first trial is (re-)added; then write them
-        whole (the log folded in), so this driver's changes are appended to a fresh log."""
+        """Read the saved rungs once (or take those `use_saved` gave), before the first trial is
+        (re-)added; then write them whole (the log folded in), so this driver's changes are
+        appended to a fresh log."""
         self._loaded = True
-        state = read_state(self._state_uri)
+        given = self.__dict__.pop("_given", None)
+        state = given[0] if given is not None else read_state(self._state_uri)
         if state:
             for bracket, saved in zip(self._brackets, state["brackets"], strict=True):
                 milestones = [m for m, _ in bracket._rungs]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -18,12 +19,11 @@ from ray.air.constants import TRAINING_ITERATION
 from ray.tune.search import ConcurrencyLimiter
 from ray.tune.search.optuna import OptunaSearch
 
-from study.records.parquet import parse_result_lines
-from study.records.records import EndRecord, StudyError, read_end_record, read_end_records
+from study.records.records import EndRecord, StudyError, read_end_record, read_end_records, read_reports
 from study.search.scheduler import PersistentASHA, SnapshotBeforeStart
 from study.search.trial_map import TUNE_ID_ATTR, map_trials
 from study.spec.spec import Dimension, StudySpec
-from study.storage.storage import StudyPaths, read_bytes, trial_reports
+from study.storage.storage import StudyPaths
 
 __all__ = [
     "OUTCOME_ATTR",
@@ -31,6 +31,7 @@ __all__ = [
     "TUNE_ID_ATTR",
     "DivergenceAwareOptunaSearch",
     "OptunaSpace",
+    "Reports",
     "SamplerRecipe",
     "SearcherStateError",
     "clear_stale_journal_lock",
@@ -105,6 +106,9 @@ class SamplerRecipe:
         raise ValueError(f"unknown sampler {self.kind!r}")
 
 
+Reports = Callable[[str], list[dict[str, Any]]]
+"""An ended trial's saved reports, by its Tune id (`study.records.truth.StudyTruth.reports`)."""
+
 OptunaSpace = dict[str, Any] | list[tuple[Any, ...]] | Callable[[optuna.trial.Trial], dict[str, Any] | None]
 """What Ray's OptunaSearch takes as its ``space``: distributions, or a define-by-run function."""
 
@@ -160,9 +164,12 @@ class DivergenceAwareOptunaSearch(OptunaSearch):
         paths: StudyPaths,
         recipe: SamplerRecipe | None = None,
         warm_start: Sequence[Mapping[str, Any]] = (),
+        ends: Mapping[str, EndRecord] | None = None,
     ) -> None:
         """Ray's arguments, in Ray's order, and the study's: ``paths`` (its journal is the
-        storage), the sampler's ``recipe`` (it replaces ``sampler``) and ``warm_start``."""
+        storage), the sampler's ``recipe`` (it replaces ``sampler``), ``warm_start``, and the
+        study's end records when the caller has read them (`study.records.truth`; else they are
+        read when the study is set up)."""
         if storage is not None:
             raise TypeError(
                 f"{type(self).__name__} keeps its Optuna study in the journal of its study "
@@ -176,6 +183,7 @@ class DivergenceAwareOptunaSearch(OptunaSearch):
         self._stale = False
         self._unpickled = False
         self._warm_start = [dict(p) for p in warm_start]
+        self._given_ends = ends
         super().__init__(
             space,
             metric,
@@ -193,8 +201,9 @@ class DivergenceAwareOptunaSearch(OptunaSearch):
         Tune saved any state (or whose only state was torn by the kill) starts a new Tune
         experiment on its existing journal: the trials asked then, still RUNNING, are orphans."""
         super()._setup_study(mode)
+        ends = self.__dict__.pop("_given_ends", None)  # used once, never saved with the searcher
         if self._ot_study is not None:
-            self.reconcile({}, read_end_records(self._paths))
+            self.reconcile({}, read_end_records(self._paths) if ends is None else ends)
             for point in self._warm_start:  # a warm start's configurations go first, once
                 self._ot_study.enqueue_trial(point, skip_if_exists=True)
 
@@ -217,6 +226,9 @@ class DivergenceAwareOptunaSearch(OptunaSearch):
         for trial in self._ot_trials.values():  # each asked trial holds the study it came from
             trial.study, trial.storage = study, storage
         self._storage, self._ot_study = storage, study
+
+    def __getstate__(self) -> dict[str, Any]:  # end records handed in are never pickled
+        return {k: v for k, v in self.__dict__.items() if k != "_given_ends"}
 
     def __setstate__(self, state: dict[str, Any]) -> None:  # the Tuner unpickled on restore
         self.__dict__.update(state)
@@ -265,10 +277,16 @@ class DivergenceAwareOptunaSearch(OptunaSearch):
         if self._stale:
             self._reopen_study()
 
-    def reconcile(self, live: Mapping[str, Mapping[str, Any]], ends: Mapping[str, EndRecord]) -> set[str]:
+    def reconcile(
+        self,
+        live: Mapping[str, Mapping[str, Any]],
+        ends: Mapping[str, EndRecord],
+        reports: Reports | None = None,
+    ) -> set[str]:
         """Rebuild the map between Tune's trials and Optuna's from the journal and the end records
         (`study.search.trial_map`), before any trial runs; the pickled map is not trusted. ``live``: Tune
-        id -> config of every trial Tune would run. Returns the ids of live trials to drop: each
+        id -> config of every trial Tune would run; ``reports``: an ended trial's saved reports
+        (by default read from the study). Returns the ids of live trials to drop: each
         duplicates a configuration another trial holds."""
         self._ready()
         if self._ot_study is None:
@@ -284,7 +302,7 @@ class DivergenceAwareOptunaSearch(OptunaSearch):
         self._ot_trials = {tid: optuna.trial.Trial(study, internal[n]) for tid, n in plan.held.items()}
         self._completed_trials = {tid for tid in ends}
         for number, tid in plan.tell.items():
-            self._tell(optuna.trial.Trial(study, internal[number]), ends[tid])
+            self._tell(optuna.trial.Trial(study, internal[number]), ends[tid], reports)
         for tid, number in plan.adopt.items():
             if number is None:  # Optuna never had this configuration: a trial with it, asked now
                 study.enqueue_trial({k: live[tid][k] for k in names if k in live[tid]})
@@ -306,10 +324,10 @@ class DivergenceAwareOptunaSearch(OptunaSearch):
         state = self._state(trial_id)
         return state is not None and not state.is_finished()
 
-    def _tell(self, asked: optuna.trial.Trial, end: EndRecord) -> None:
+    def _tell(self, asked: optuna.trial.Trial, end: EndRecord, reports: Reports | None = None) -> None:
         """Tell Optuna a trial's end from its end record: every report, how it ended, its value."""
         assert self._ot_study is not None
-        self._report_saved(asked, end.trial_id)
+        self._report_saved(asked, end.trial_id, reports)
         _mark_end(asked, end.outcome, end.iteration)
         metrics = self.metric if isinstance(self.metric, list) else [self.metric]
         values = [end.last_result.get(m) for m in metrics]
@@ -328,11 +346,12 @@ class DivergenceAwareOptunaSearch(OptunaSearch):
                 warnings.filterwarnings("ignore", message=".*is already reported")
                 asked.report(float(value), int(step))
 
-    def _report_saved(self, asked: optuna.trial.Trial, trial_id: str) -> list[dict[str, Any]]:
+    def _report_saved(
+        self, asked: optuna.trial.Trial, trial_id: str, reports: Reports | None = None
+    ) -> list[dict[str, Any]]:
         """Every report the trial saved when it ended, as intermediate values: Tune does not tell
         the searcher the report the scheduler stopped a trial on. Returns the reports."""
-        data = read_bytes(trial_reports(self._paths.reports_dir, trial_id))
-        saved = parse_result_lines(data.decode()) if data is not None else []
+        saved = (reports or functools.partial(read_reports, self._paths))(trial_id)
         for report in saved:
             self._report(asked, report)
         return saved
@@ -460,10 +479,14 @@ def optuna_storage(paths: StudyPaths) -> optuna.storages.JournalStorage:
 
 
 def make_searcher(
-    spec: StudySpec, paths: StudyPaths, warm_start: Sequence[Mapping[str, Any]] = ()
+    spec: StudySpec,
+    paths: StudyPaths,
+    warm_start: Sequence[Mapping[str, Any]] = (),
+    ends: Mapping[str, EndRecord] | None = None,
 ) -> ConcurrencyLimiter:
     """Seeded Optuna search whose study lives in a journal file beside the results; the
-    ``warm_start`` configurations are its first trials."""
+    ``warm_start`` configurations are its first trials; ``ends``: the study's end records, when
+    the caller has read them."""
     metrics, modes = [m for m, _ in spec.objectives], [mode for _, mode in spec.objectives]
     searcher = DivergenceAwareOptunaSearch(  # lists: Optuna's multi-objective study
         metric=metrics if spec.multi_objective else metrics[0],
@@ -472,6 +495,7 @@ def make_searcher(
         study_name=paths.name,
         paths=paths,
         warm_start=warm_start,
+        ends=ends,
     )
     return ConcurrencyLimiter(searcher, max_concurrent=spec.search.max_concurrent)
 
