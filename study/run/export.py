@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -171,15 +171,20 @@ a trial can end for good, `study.records.records.END_OUTCOMES`)."""
 
 
 def write_tables(
-    paths: StudyPaths, spec: StudySpec, trials: Sequence[Trial], cache: ExportCache | None = None
+    paths: StudyPaths,
+    spec: StudySpec,
+    trials: Sequence[Trial],
+    cache: ExportCache | None = None,
+    ends: Mapping[str, EndRecord] | None = None,
 ) -> list[TrialRecord]:
     """Rewrite the study's Parquet from Tune's trials and the study's records, compacted: the
     trials that ended for good (`FINAL`) in one file per table, every other trial (running,
     pending, errored: its rows may still change) in its own fragment; then the fragments of the
     trials now in the compacted files go. Each file is written atomically. What ``export`` and
-    the end of a run do: its cost grows with the study, unlike `LiveParquet`'s per trial."""
+    the end of a run do: its cost grows with the study, unlike `LiveParquet`'s per trial.
+    ``ends``: the study's end records, when the caller has just read them."""
     cache = cache or ExportCache()
-    ends = read_end_records(paths)
+    ends = read_end_records(paths) if ends is None else ends
     if cache.exported is None:
         cache.exported = _exported_history(paths)
     records = []
@@ -406,9 +411,11 @@ class _TuneTrials(tune.ExperimentAnalysis):
 def export_experiment(spec: StudySpec, paths: StudyPaths) -> list[TrialRecord]:
     """Rewrite the study's Parquet (`write_tables`) from Tune's experiment on disk, its trials less
     `without_duplicates`, and the study's records: what ``export`` and the end of a run do. A
-    torn Tune state is set aside first (`study.run.tune_state.restorable`)."""
+    torn Tune state is set aside first (`study.run.tune_state.restorable`). The end records are
+    read once, here: the trials that ended during the run are among them."""
+    ends = read_end_records(paths)
     trials: list[Trial] = []
-    if restorable(paths):
+    if restorable(paths, ended=bool(ends)):
         # it warns of every trial without a result.json (one restored before it ever reported,
         # or one Tune gave a new directory): their reports are in the study's records
         quiet = logging.getLogger("ray.tune.analysis.experiment_analysis")
@@ -418,15 +425,18 @@ def export_experiment(spec: StudySpec, paths: StudyPaths) -> list[TrialRecord]:
             trials = _TuneTrials(paths.experiment).trials
         finally:
             quiet.setLevel(level)
-    return write_tables(paths, spec, without_duplicates(trials, spec, paths))
+    return write_tables(paths, spec, without_duplicates(trials, spec, paths, ends), ends=ends)
 
 
-def without_duplicates(trials: list[Trial], spec: StudySpec, paths: StudyPaths) -> list[Trial]:
+def without_duplicates(
+    trials: list[Trial], spec: StudySpec, paths: StudyPaths, ends: Mapping[str, EndRecord] | None = None
+) -> list[Trial]:
     """Tune's saved trials less those a resume drops (`study.search.trial_map`): a trial left in Tune's
-    state by an earlier recovery whose configuration another trial holds. Read-only."""
+    state by an earlier recovery whose configuration another trial holds. Read-only. ``ends``:
+    the study's end records, when the caller has just read them."""
     if not trials or not Path(paths.optuna_journal).exists():
         return trials
-    ends = read_end_records(paths)
+    ends = read_end_records(paths) if ends is None else ends
     live = {t.trial_id: t.config for t in trials if t.trial_id not in ends}
     if not live:
         return trials

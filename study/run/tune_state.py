@@ -65,7 +65,7 @@ def _whole(fs: pafs.FileSystem, path: str) -> bool:
     return isinstance(state, dict)
 
 
-def restorable(paths: StudyPaths) -> bool:
+def restorable(paths: StudyPaths, ended: bool | None = None) -> bool:
     """Whether Tune has a state to restore the study from; False if the driver was stopped before
     Tune saved one (the study then goes on in a new Tune experiment, its Optuna study and its
     ended trials' records kept: `study.run.runner._fit` asks Tune only for the trials still to run).
@@ -73,11 +73,16 @@ def restorable(paths: StudyPaths) -> bool:
     Tune overwrites its state file in place, so a kill or a full disk can leave it torn; Tune
     would then "restart the experiment" over the study. A save is its three files, restored as a
     set: a newest set with any file torn or missing is set aside (renamed ``*.torn``) for an
-    older whole one."""
+    older whole one. ``ended``: whether any trial has an end record, when the caller has read
+    them (`study.records.truth`); else they are read if a warning needs it."""
+
+    def any_ended() -> bool:
+        return bool(read_end_records(paths)) if ended is None else ended
+
     fs, directory = resolve(paths.experiment)
     tuner_file = f"{directory}/tuner.pkl"
     if fs.get_file_info(tuner_file).type != pafs.FileType.File:
-        if read_end_records(paths):  # lost (a partial copy, a clean-up): nothing to set aside
+        if any_ended():  # lost (a partial copy, a clean-up): nothing to set aside
             log.warning("Tune's tuner.pkl is missing: the study goes on in a new Tune experiment")
         return False
     if not _whole(fs, tuner_file):  # Tune rewrites it at every start, in place (ray#58179)
@@ -109,7 +114,7 @@ def restorable(paths: StudyPaths) -> bool:
         for f in files:
             if fs.get_file_info(f).type == pafs.FileType.File:
                 fs.move(f, f + ".torn")
-    if states and read_end_records(paths):
+    if states and any_ended():
         log.warning(
             "no whole saved state of Tune's is left: the study goes on in a new Tune experiment, its "
             "ended trials kept from their records"
