@@ -1,7 +1,8 @@
 """Running a study: the one place that drives Ray Tune, and what the driver does beside.
 
-- `study.run.runner`: `run_study`, `resume_study`, `export`; on restore it replays the study's
-  records into Tune, Optuna and ASHA before any trial starts;
+- `study.run.runner`: `run_study`, `resume_study`, `export`;
+- `study.run.replay`: on restore, the study's records (read once, `study.records.truth`)
+  replayed into Tune, Optuna and ASHA before any trial starts;
 - `study.run.trainable`: `train_trial`, one `ponder.Trainer` run reported to Tune, NaN-safe;
 - `study.run.export`, `study.run.dataset`: the study's Parquet from Tune's trials and its records
   (`ParquetCallback` writes each trial's rows as it ends), in one schema for the whole dataset;

@@ -8,7 +8,7 @@ state), the persisted ASHA rungs and the Optuna journal, and finishes the study 
 The study's own records are the truth (`study.records.records`: one end record per trial, the saved
 reports, the Optuna journal); Tune's saved experiment state is a cache of the trials that were
 running, which lags them after a kill. On restore, before any trial starts, the records are
-replayed into Tune, Optuna and ASHA (`_replaying_records`), and everything restored from Tune's
+replayed into Tune, Optuna and ASHA (`study.run.replay`), and everything restored from Tune's
 pickle is pointed at the study where it is now. ``run``, ``resume`` and ``export`` hold the
 study's lease (`study.run.lease`) from before Ray starts to their end: one driver per study.
 
@@ -20,7 +20,6 @@ tended before a restore (`study.run.tune_state`).
 from __future__ import annotations
 
 import contextlib
-import copy
 import logging
 import os
 from collections import Counter
@@ -35,15 +34,16 @@ import ray
 from ray import tune
 from ray.tune import Callback, CLIReporter
 from ray.tune.experiment import Trial
-from ray.tune.search import ConcurrencyLimiter
 
 from study.launchers.ray_token import private_token
 from study.records import journal_copy
 from study.records.records import StudyError, load_study_spec, read_end_records
+from study.records.truth import StudyTruth, read_truth
 from study.run.export import ParquetCallback, export_experiment
 from study.run.fused import start_fusion
 from study.run.lease import hold_lease
 from study.run.processes import Reaper
+from study.run.replay import replaying_records
 from study.run.stops import (
     crash_handler_back_for_ray_processes,
     raise_a_swallowed_stop,
@@ -62,8 +62,6 @@ from study.run.tune_state import merge_started_trials, prune_old_states, restora
 from study.search import ray_private
 from study.search.scheduler import PersistentASHA, SnapshotBeforeStart
 from study.search.search import (
-    DivergenceAwareOptunaSearch,
-    SamplerRecipe,
     clear_stale_journal_lock,
     make_scheduler,
     make_searcher,
@@ -73,7 +71,6 @@ from study.search.search import (
 )
 from study.spec.spec import StudySpec
 from study.storage.storage import (
-    CHECKPOINT_FILE,
     StudyPaths,
     is_shared,
     resolve,
@@ -311,16 +308,22 @@ def run_study(
         return _fit(spec, paths, address, verbose, restore=False, warm_start=warm_start)
 
 
-def check_whole(paths: StudyPaths, spec: StudySpec) -> None:
+def check_whole(paths: StudyPaths) -> None:
     """Refuse a study that is half there (a partial copy or download) before anything is written:
-    its Optuna journal and, once trials have ended, Tune's experiment must be where it is."""
+    its Optuna journal and, once trials have ended, Tune's experiment must be where it is.
+
+    Run before the lease is taken (taking it writes), so what it reads is not the truth the
+    resume goes on with (`study.records.truth`): it reads no record of a study whose journal and
+    Tune's folder are there, and the end records only when one of the two is missing."""
     journal = paths.optuna_journal_copy or paths.optuna_journal
-    ended = read_end_records(paths)
-    has_journal = Path(paths.optuna_journal).exists() or journal_copy.read_copy(journal) is not None
+    has_journal = Path(paths.optuna_journal).exists() or journal_copy.exists(journal)
     # Tune's folder, whole or not: a resume killed after setting a torn tuner.pkl aside leaves
     # one without it, which the next resume recovers from the records (`study.run.tune_state.restorable`)
     fs, experiment = resolve(paths.experiment)
     has_tune = fs.get_file_info(experiment).type == pafs.FileType.Directory
+    if has_tune and has_journal:
+        return
+    ended = read_end_records(paths)
     if (ended or has_tune) and not has_journal:
         raise StudyError(
             f"study {paths.name!r} under {paths.root} is incomplete: its Optuna journal {journal} is missing "
@@ -343,9 +346,10 @@ def resume_study(
         raise StudyError(f"--more must be a positive integer, got {more}")
     paths = StudyPaths(storage, name)
     if paths.exists():  # read-only: a half-copied study is refused before the lease is taken
-        check_whole(paths, load_study_spec(name, storage)[0])
+        check_whole(paths)
     with hold_lease(paths, "resume"), _ray_lifetime():  # a `run` still starting has no spec yet
-        spec, paths = load_study_spec(name, storage)
+        truth = read_truth(name, storage)  # each record once, handed to every step below
+        spec, paths = truth.spec, truth.paths
         if more:
             if spec.search.sampler == "grid":
                 raise StudyError(
@@ -354,140 +358,26 @@ def resume_study(
                 )
             spec = spec.with_overrides(num_samples=spec.search.num_samples + more)
             write_bytes(paths.spec, spec.source.encode())  # the stored spec holds the new total
+            truth = truth.with_spec(spec)
         # after `restorable`, which may set a torn tuner.pkl aside: Tune restores only with one
-        restore = restorable(paths) and tune.Tuner.can_restore(paths.experiment)
+        restore = restorable(paths, ended=bool(truth.ends)) and tune.Tuner.can_restore(paths.experiment)
         if restore:
             prune_old_states(paths)
             merge_started_trials(paths)
-        return _fit(spec, paths, address, verbose, restore=restore)
+        return _fit(spec, paths, address, verbose, restore=restore, truth=truth)
 
 
-def _optuna_searcher(search_alg: Any) -> DivergenceAwareOptunaSearch | None:
-    """The study's Optuna searcher inside Tune's wrappers (SearchGenerator, ConcurrencyLimiter)."""
-    seen = 0
-    while search_alg is not None and seen < 5:
-        if isinstance(search_alg, DivergenceAwareOptunaSearch):
-            return search_alg
-        search_alg = getattr(search_alg, "searcher", None)
-        seen += 1
-    return None
-
-
-def attach_reported_checkpoint(trial: Trial) -> bool:
-    """Give a restored trial the checkpoint its last saved report names, if Tune's saved state
-    lacks it; True if it did.
-
-    Tune registers a reported checkpoint only after a second round trip to the trial (its
-    ``save``), so a stop that lands in between (Ctrl-C just after a report) saves the report
-    without its checkpoint, and the resume would train the trial again from scratch, repeating
-    its reports (seen in tests/study/test_resume.py::test_ctrl_c_then_resume). The checkpoint is
-    whole: the trial writes it to the storage before it sends the report."""
-    name = (trial.last_result or {}).get("checkpoint_dir_name")
-    if not isinstance(name, str) or not name.startswith("checkpoint_"):
-        return False
-    latest = trial.checkpoint
-    if latest is not None and latest.path.rstrip("/").rsplit("/", 1)[-1] >= name:
-        return False  # Tune's own is that one or newer
-    storage = trial.storage
-    if storage is None:
-        return False
-    path = f"{storage.trial_fs_path}/{name}"
-    fs = storage.storage_filesystem
-    if fs.get_file_info(f"{path}/{CHECKPOINT_FILE}").type != pafs.FileType.File:
-        return False
-    checkpoint = tune.Checkpoint(path, filesystem=fs)
-    trial.on_checkpoint(ray_private.training_result(checkpoint, dict(trial.last_result)))
-    return True
-
-
-def _replay(controller: Any, trials: list[Trial], spec: StudySpec, paths: StudyPaths) -> None:
-    """Bring a restored experiment level with the study's records, before any trial starts.
-
-    Everything Tune unpickled is pointed at the study where it is now; every trial with an end
-    record is TERMINATED with its last report (so Tune, its progress table and the searcher's
-    concurrency limit see an ended trial, not one to run again); Optuna is told the ends it
-    missed; ASHA gets the stops it missed; the trials counted towards ``num_samples`` are those
-    Tune saved and those that ended (the Parquet takes the latter from their records)."""
-    scheduler = ray_private.scheduler(controller)
+def _scheduler(spec: StudySpec, paths: StudyPaths, truth: StudyTruth) -> PersistentASHA | SnapshotBeforeStart:
+    """The study's scheduler for a new Tune experiment; ASHA takes the saved state the resume read."""
+    scheduler = make_scheduler(spec, paths)
     if isinstance(scheduler, PersistentASHA):
-        scheduler.rebind(paths)
-    elif isinstance(scheduler, SnapshotBeforeStart):
-        scheduler.paths = paths
-    for callback in ray_private.callbacks(controller):
-        if isinstance(callback, ParquetCallback):
-            callback.rebind(paths, spec)
-    ends = read_end_records(paths)
-    search_alg = ray_private.search_alg(controller)
-    searcher = _optuna_searcher(search_alg)
-    if searcher is not None:
-        searcher.rebind(paths, SamplerRecipe.of(spec))
-        live = {t.trial_id: t.config for t in trials if t.trial_id not in ends}
-        dropped = searcher.reconcile(live, ends)
-        if dropped:  # Tune's list itself: a dropped trial is never queued
-            log.warning(
-                "%d trial(s) in Tune's saved state repeat a configuration another trial holds "
-                "(left by an earlier recovery); they are dropped: %s",
-                len(dropped),
-                ", ".join(sorted(dropped)),
-            )
-            trials[:] = [t for t in trials if t.trial_id not in dropped]
-    known = {t.trial_id for t in trials}
-    for trial in trials:
-        end = ends.get(trial.trial_id)
-        if end is None:
-            if trial.status != Trial.TERMINATED and attach_reported_checkpoint(trial):
-                log.info("trial %s continues from the checkpoint of its last report", trial.trial_id)
-            continue
-        if end.outcome == "early_stopped" and isinstance(scheduler, PersistentASHA):
-            scheduler.replay_stop(trial.trial_id)
-        if trial.status == Trial.TERMINATED and spec.metric in (trial.last_result or {}):
-            continue
-        trial.set_status(Trial.TERMINATED)  # type: ignore[no-untyped-call]
-        if end.last_result:
-            trial.update_last_result(dict(end.last_result))  # type: ignore[no-untyped-call]
-        # the concurrency limiter still counts it live; the searcher skips an end it was told
-        search_alg.on_trial_complete(trial.trial_id, result=dict(end.last_result))
-    limiter = getattr(search_alg, "searcher", None)
-    if isinstance(limiter, ConcurrencyLimiter):  # rebuilt, not unpickled: a dropped trial there
-        limiter.live_trials = {  # would hold its slot for ever
-            t.trial_id
-            for t in trials
-            if t.status in (Trial.PENDING, Trial.RUNNING, Trial.PAUSED) and t.trial_id not in ends
-        }
-        limiter.num_unfinished_live_trials = len(limiter.live_trials)
-    experiment = ray_private.searcher_experiment(search_alg)
-    if experiment is not None and ray_private.storage(controller) is not None:
-        # the searcher's saved experiment creates new trials with the first run's storage: a
-        # study resumed from a copy would send their checkpoints to the old place
-        experiment.storage = copy.copy(ray_private.storage(controller))
-        experiment.spec["storage"] = experiment.storage
-    # the stored spec's total is the truth (`resume --more`); the trials the study has are those
-    # Tune saved and those that ended without Tune saving it (Tune's own count, from the
-    # searcher's file saved apart from the trials', can count a trial neither file holds)
-    ray_private.set_trial_count(search_alg, spec.search.num_samples, len(known | set(ends)))
+        scheduler.use_saved(truth.asha)
+    return scheduler
 
 
-@contextlib.contextmanager
-def _replaying_records(spec: StudySpec, paths: StudyPaths) -> Iterator[None]:
-    """Run `_replay` inside Tune's restore, between loading the saved trials and queueing them
-    (`study.search.ray_private.before_restored_trials_queue`: Tune has no public hook there)."""
-
-    def replay(controller: Any, trials: list[Trial]) -> None:
-        _replay(controller, trials, spec, paths)
-
-    with ray_private.before_restored_trials_queue(replay):
-        yield
-
-
-def _fit(
-    spec: StudySpec,
-    paths: StudyPaths,
-    address: str | None,
-    verbose: int,
-    restore: bool,
-    warm_start: Sequence[Mapping[str, Any]] = (),
-) -> StudyOutcome:
-    _init_ray(address, paths)
+def _prepare_driver(paths: StudyPaths) -> None:
+    """What the driver sets up once Ray is up, before Tune starts: the Optuna journal ready
+    under the lease, and Tune's settings."""
     share_filesystems_when_copied()  # Tune copies its spec, and the filesystem, for each new trial
     journal_copy.pull(paths)
     if clear_stale_journal_lock(paths.optuna_journal):  # under the lease: a killed driver's
@@ -502,9 +392,26 @@ def _fit(
     # of the default output's per-trial config and result dumps
     os.environ["RAY_AIR_NEW_OUTPUT"] = "0"
     import_tensorboardx_without_torch()
+
+
+def _fit(
+    spec: StudySpec,
+    paths: StudyPaths,
+    address: str | None,
+    verbose: int,
+    restore: bool,
+    warm_start: Sequence[Mapping[str, Any]] = (),
+    truth: StudyTruth | None = None,
+) -> StudyOutcome:
+    """Run the study's trials in Tune, restored or new, then export. ``truth``: the study's
+    records as the resume read them (`study.records.truth`); none for a new study, which has
+    no records (`run_study` refuses a name that exists)."""
+    truth = truth if truth is not None else StudyTruth(spec, paths)
+    _init_ray(address, paths)
+    _prepare_driver(paths)
     trainable = _trainable(spec, paths)
     # trials that ended in an experiment whose saved state was lost are not asked for again
-    still_to_run = spec.search.num_samples - (0 if restore else len(read_end_records(paths)))
+    still_to_run = spec.search.num_samples - (0 if restore else len(truth.ends))
     tuner: tune.Tuner | None = None
     if restore:
         # Tune's restore reads every trial's results into DataFrames the study never uses, and warns
@@ -522,14 +429,14 @@ def _fit(
             trainable,
             param_space=_space(spec),
             tune_config=tune.TuneConfig(
-                search_alg=make_searcher(spec, paths, warm_start),
-                scheduler=make_scheduler(spec, paths),
+                search_alg=make_searcher(spec, paths, warm_start, ends=truth.ends),
+                scheduler=_scheduler(spec, paths, truth),
                 num_samples=still_to_run,
                 # A trial's worker goes on to the next trial: no new process and torch import per
                 # trial (the smoke study's CPU halves, 13 s instead of 26). Ctrl-C then resume
                 # repeated a report with it (5 of 12 runs of test_ctrl_c_then_resume): a stop
                 # between a report and Tune's registering of its checkpoint, which a reused worker
-                # makes likelier; `attach_reported_checkpoint` mends that on resume.
+                # makes likelier; `study.run.replay.attach_reported_checkpoint` mends that on resume.
                 reuse_actors=True,
             ),
             run_config=_run_config(spec, paths, verbose),
@@ -538,7 +445,7 @@ def _fit(
     try:
         if tuner is not None:
             raise_a_swallowed_stop()  # before Tune takes Ctrl-C over (its own handler)
-            with _replaying_records(spec, paths), one_line_logs(paths):
+            with replaying_records(truth), one_line_logs(paths):
                 tuner.fit()  # the Parquet written by the callback is the result
     except BaseException:
         failed = True

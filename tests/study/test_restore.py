@@ -11,7 +11,7 @@ from ray.tune.experiment import Trial
 from ray.tune.registry import register_trainable
 
 from study.run.export import ParquetCallback
-from study.run.runner import attach_reported_checkpoint
+from study.run.replay import attach_reported_checkpoint
 from study.run.tensorboard import ScalarTensorBoard, _EventFile
 from study.storage.storage import CHECKPOINT_FILE
 
