@@ -29,6 +29,10 @@ A study that finishes before the campaign has made its K kills is followed by an
     .venv/bin/python bench/kill_campaign.py --signals --kills 20 # SIGINT, SIGTERM, SIGHUP
     .venv/bin/python bench/kill_campaign.py --seeds 11,12,13     # 3 x 30 kills, one total
     .venv/bin/python bench/kill_campaign.py --uniform            # kills at uniform random times
+    .venv/bin/python bench/kill_campaign.py --fuse 4             # fused trials, 4 a group
+
+With ``--fuse K`` the smoke study's trials are trained in fused groups of K on the machine's CPUs
+(K at a time), so every kill lands on a driver whose trials share a fuser.
 """
 
 from __future__ import annotations
@@ -417,6 +421,7 @@ def main() -> None:
     p.add_argument("--storage", help="a local directory (default: a new temporary one)")
     p.add_argument("--s3", action="store_true", help="storage on S3 (moto's server on loopback)")
     p.add_argument("--cluster", action="store_true", help="a 3-node local Ray cluster; one worker removed")
+    p.add_argument("--fuse", type=int, default=1, help="train the smoke study's trials fused, K a group")
     p.add_argument(
         "--signals",
         action="store_true",
@@ -434,11 +439,20 @@ def main() -> None:
 
 
 def _campaign(args: argparse.Namespace, seed: int) -> tuple[int, list[Kill]]:
+    spec = args.spec
+    if args.fuse > 1:
+        if spec != "parity-smoke":
+            raise SystemExit("--fuse rewrites the smoke study only: leave --spec at parity-smoke")
+        from tests.study.conftest import smoke_spec
+
+        spec = smoke_spec(
+            Path(tempfile.mkdtemp(prefix="kill-campaign-spec-")), at_once=args.fuse, fuse=args.fuse
+        )
     c = Campaign(
         storage=args.storage or tempfile.mkdtemp(prefix="kill-campaign-storage-"),
         kills=args.kills,
         seed=seed,
-        spec=args.spec,
+        spec=spec,
         num_samples=args.num_samples,
         signals=args.signals,
         uniform=args.uniform,

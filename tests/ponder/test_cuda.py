@@ -127,3 +127,36 @@ def test_a_gpu_runs_checkpoint_evaluates_on_the_cpu(tmp_path: Path) -> None:
     assert e_cpu["test/best_step_accuracy"] == pytest.approx(e_gpu["test/best_step_accuracy"], abs=0.02)
     cpu.train_step()  # and it trains on, from its own random stream
     assert cpu.iteration == 6
+
+
+def test_fused_members_on_cuda_compute_what_their_plain_cuda_runs_compute() -> None:
+    """Three members (own lambda_p, beta, lr, seed, max_steps) trained fused on the GPU: each one's
+    loss at every iteration and its metrics at each evaluation are its plain CUDA run's."""
+    from ponder.fused_trainer import FusedTrainer
+
+    configs = [
+        ParityConfig(**{**PARITY, "max_steps": m}, lambda_p=lp, beta=b, lr=lr, seed=s, device="cuda",  # type: ignore[arg-type]
+                     iterations=30, eval_interval=10, compile="off")
+        for m, lp, b, lr, s in ((5, 0.2, 0.01, 3e-3, 0), (3, 0.5, 0.1, 1e-2, 1), (4, 0.3, 0.05, 5e-3, 2))
+    ]  # fmt: skip
+    fused = FusedTrainer(4, "cuda")
+    slots = [fused.join(c) for c in configs]
+    losses: dict[int, list[float]] = {s: [] for s in slots}
+    reports: dict[int, list[dict[str, object]]] = {s: [] for s in slots}
+    while fused.running:
+        due = fused.step()
+        for slot, result in fused.last_results.items():
+            losses[slot].append(result.loss)
+        for slot, metrics in due.items():
+            reports[slot].append(metrics)
+    for slot, config in zip(slots, configs, strict=True):
+        plain = Trainer(config)
+        plain_losses = []
+        plain_reports = []
+        for _ in range(config.iterations):
+            plain_losses.append(plain.train_step().loss)
+            if plain.iteration % config.eval_interval == 0:
+                plain_reports.append(plain.evaluate())
+        assert losses[slot] == pytest.approx(plain_losses, rel=1e-4, abs=1e-5)
+        for got, want in zip(reports[slot], plain_reports, strict=True):
+            assert got["test/halted_accuracy"] == pytest.approx(want["test/halted_accuracy"], abs=1e-6)

@@ -250,15 +250,16 @@ def finished(storage: Path, name: str, at_least: int) -> Callable[[], bool]:
     return check
 
 
-def smoke_source(times: int = 1, at_once: int = 2) -> str:
-    """The text of ``parity-smoke`` with trials ``times`` longer (rungs to match) and ``at_once``
-    trials at a time (the shipped spec's 2 by default).
+def smoke_source(times: int = 1, at_once: int = 2, fuse: int = 1) -> str:
+    """The text of ``parity-smoke`` with trials ``times`` longer (rungs to match), ``at_once``
+    trials at a time (the shipped spec's 2 by default) and, with ``fuse`` above 1, trained in
+    fused groups of ``fuse`` on the machine's two CPUs.
 
     ``times``: for a Ctrl-C after some trials ended, which the smoke study's 60-iteration trials
     can all beat (seen: the study finished first and exited 0). ``at_once=1``: for a test whose
     subject is not trials running side by side. Each trial at once is a Ray worker process, and
     each costs about 4 s of CPU to start (Ray, Tune, torch). A smoke study used 14-18 s of CPU
-    with two at once and 10 s with one, in about the same wall time (docs/tests.md)."""
+    with two at once and 10 s with one, in about the same wall time."""
     source = (
         load_spec("parity-smoke")
         .source.replace("iterations = 60", f"iterations = {60 * times}")
@@ -266,17 +267,20 @@ def smoke_source(times: int = 1, at_once: int = 2) -> str:
         .replace("grace_period = 10", f"grace_period = {10 * times}")
         .replace("max_concurrent = 2", f"max_concurrent = {at_once}")
     )
+    if fuse > 1:
+        source = source.replace("cpu = 1\n", "cpu = 2\n").replace("gpu = 0\n", f"gpu = 0\nfuse = {fuse}\n")
     made = parse_spec(source, "parity-smoke")  # the shipped lines this rewrites are still there
     got = (made.iterations, made.eval_interval, made.scheduler.grace_period, made.search.max_concurrent)
     assert got == (60 * times, 10 * times, 10 * times, at_once), source
+    assert made.resources.fuse == fuse, source
     return source
 
 
-def smoke_spec(where: Path, times: int = 1, at_once: int = 2) -> str:
-    """``smoke_source(times, at_once)`` saved as ``parity-smoke.toml`` in ``where``, so the
+def smoke_spec(where: Path, times: int = 1, at_once: int = 2, fuse: int = 1) -> str:
+    """``smoke_source(times, at_once, fuse)`` saved as ``parity-smoke.toml`` in ``where``, so the
     study is still named ``parity-smoke``; returns the file's path for ``run``."""
     spec = where / "parity-smoke.toml"
-    spec.write_text(smoke_source(times, at_once))
+    spec.write_text(smoke_source(times, at_once, fuse))
     return str(spec)
 
 
