@@ -24,13 +24,17 @@ Ray is imported here (this is the run layer); torch only inside the actors.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import logging
 import os
+import queue
 import threading
+import time
 import traceback
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,7 +43,7 @@ import ray
 from ray.exceptions import RayActorError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-__all__ = ["FusedRun", "FuserRegistry", "Fusion", "start_fusion", "stop_fusion"]
+__all__ = ["FusedRun", "FuserRegistry", "Fusion", "start_fusion", "stop_fusions"]
 
 log = logging.getLogger("ponder-study")
 
@@ -64,14 +68,25 @@ class Fusion:
 @dataclass
 class _Slot:
     slot: int
-    wanted: bool = False
-    """Its trainable waits for its next report: it trains (else it is held)."""
-    due: Due | None = None
-    """The report made for its trainable, not yet taken."""
+    waiting: bool = False
+    """Its trainable waits in `Fuser.advance` for its next report."""
+    pending: Due | None = None
+    """A report made and not yet taken: the member is held until it is (one report ahead at most)."""
+    ready: threading.Event = field(default_factory=threading.Event)
+    """Set when a report is there for a waiting trainable, or when the member is dropped."""
 
 
 class Fuser:
-    """One device's fused group: trains the members whose trainables wait for a report."""
+    """One device's fused group: trains the members whose trainables wait for a report.
+
+    One thread owns the group: it applies the trainables' requests (join, advance, leave) between
+    iterations and trains while any member may. The calls, each in a thread of Ray's pool, only
+    queue a request and wait for its answer, so none waits on a lock the training holds.
+
+    A member trains one report ahead: while its trainable hands a report to Tune, the member goes
+    on towards the next, and is held only once that one is made and not yet asked for. A round
+    trip through Tune then costs the group nothing; a trial that ASHA stopped costs it at most one
+    report's iterations before its member is held and its slot can go."""
 
     def __init__(self, capacity: int, threads: int) -> None:
         import torch
@@ -81,9 +96,11 @@ class Fuser:
         torch.set_num_threads(threads)
         self._group = FusedTrainer(capacity, "auto")
         self._members: dict[str, _Slot] = {}
-        self._cond = threading.Condition()
+        self._requests: queue.SimpleQueue[tuple[Callable[[], Any], Future[Any]]] = queue.SimpleQueue()
+        self._wake = threading.Event()
         self._iterations = 0  # member-iterations trained, for `stats`
         self._steps = 0
+        self._busy_s = 0.0  # seconds spent training
         self._id = uuid.uuid4().hex[:12]
         threading.Thread(target=self._loop, name="fuser", daemon=True).start()
 
@@ -105,81 +122,123 @@ class Fuser:
         run_state = torch.load(io.BytesIO(state), map_location="cpu", weights_only=True) if state else None
         if run_state is not None and run_state.get("outcome", "running") != "running":
             return "finished"
-        with self._cond:
+        run_config = config_from_dict(dict(config))
+
+        def join() -> str:
             if trial_id in self._members:
                 self._drop(trial_id)
-            if not self._group.free_slots:
-                held = [t for t, m in self._members.items() if not m.wanted and m.due is None]
+            if not self._group.free_slots:  # a held member's trial went, or waits for Tune
+                held = [t for t, m in self._members.items() if m.pending is not None and not m.waiting]
                 if not held:
                     return "full"
                 self._drop(held[0])
-            slot = self._group.join(config_from_dict(dict(config)), run_state)
+            slot = self._group.join(run_config, run_state)
             self._group.hold(slot)
             self._members[trial_id] = _Slot(slot)
             return "joined"
 
+        answer: str = self._call(join)
+        return answer
+
     def advance(self, trial_id: str) -> Due | None:
         """Train the trial's member to its next report and return it (None: the member is not
         here, evicted while held: join again from the last checkpoint)."""
-        with self._cond:
+
+        def want() -> _Slot | None:
             member = self._members.get(trial_id)
-            if member is None:
-                return None
-            if member.due is None:
-                member.wanted = True
-                self._group.release(member.slot)
-                self._cond.notify_all()
-            while member.due is None and self._members.get(trial_id) is member:
-                self._cond.wait()
+            if member is not None:
+                member.waiting = True
+                if member.pending is not None:
+                    member.ready.set()
+                else:
+                    self._group.release(member.slot)  # a new member's first request
+            return member
+
+        member: _Slot | None = self._call(want)
+        if member is None:
+            return None
+        member.ready.wait()
+
+        def take() -> Due | None:
             if self._members.get(trial_id) is not member:
-                return None
-            due, member.due = member.due, None
-            assert due is not None
-            if due[0].get("outcome") != "running":  # its run is over: the slot goes
+                return None  # dropped meanwhile
+            due, member.pending, member.waiting = member.pending, None, False
+            member.ready.clear()
+            if due is not None and due[0].get("outcome") != "running":  # its run is over: the slot goes
                 self._drop(trial_id)
+            else:
+                self._group.release(member.slot)  # on towards the next report
             return due
+
+        taken: Due | None = self._call(take)
+        return taken
 
     def leave(self, trial_id: str) -> None:
         """The trial no longer trains here (it ended, or ASHA stopped it)."""
-        with self._cond:
-            if trial_id in self._members:
-                self._drop(trial_id)
+        self._call(lambda: self._drop(trial_id) if trial_id in self._members else None)
 
-    def stats(self) -> dict[str, int]:
-        """Members, fused steps made and member-iterations trained, for tests and benchmarks."""
-        with self._cond:
-            return {"members": len(self._members), "steps": self._steps, "iterations": self._iterations}
+    def stats(self) -> dict[str, float]:
+        """Members, fused steps made, member-iterations trained and seconds spent training."""
+        stats: dict[str, float] = self._call(
+            lambda: {
+                "members": len(self._members),
+                "steps": self._steps,
+                "iterations": self._iterations,
+                "busy_s": round(self._busy_s, 1),
+            }
+        )
+        return stats
+
+    def _call(self, request: Callable[[], Any]) -> Any:
+        """Run ``request`` in the group's thread, between two iterations; its answer."""
+        answer: Future[Any] = Future()
+        self._requests.put((request, answer))
+        self._wake.set()
+        return answer.result()
 
     def _drop(self, trial_id: str) -> None:
         member = self._members.pop(trial_id)
         self._group.leave(member.slot)
-        self._cond.notify_all()
+        member.ready.set()  # a trainable waiting for it finds it gone
 
     def _loop(self) -> None:
-        """Step the group while any member wants to train; hand each due report to its trainable."""
+        """Apply the queued requests; step the group while any member wants to train; hand each
+        due report to its trainable."""
         try:
             while True:
-                with self._cond:
-                    while not self._group.running:
-                        self._cond.wait()
-                    trained = len(self._group.running)
-                    due = self._group.step()
-                    self._steps += 1
-                    self._iterations += trained
-                    by_slot = {m.slot: m for m in self._members.values()}
-                    for slot, metrics in due.items():
-                        member = by_slot[slot]
-                        state = _checkpoint_bytes(self._group.state_dict(slot))
-                        member.due = (metrics, state, len(self._members))
-                        member.wanted = False
-                        self._group.hold(slot)
-                    if due:
-                        self._cond.notify_all()
+                while True:
+                    try:
+                        request, answer = self._requests.get_nowait()
+                    except queue.Empty:
+                        break
+                    try:
+                        answer.set_result(request())
+                    except Exception as e:  # the caller gets it
+                        answer.set_exception(e)
+                if not self._group.running:
+                    self._wake.wait()
+                    self._wake.clear()
+                    continue
+                self._train()
         except BaseException:  # the group is broken: end the actor, its members rejoin elsewhere
-            log.error(
-                "a fuser failed; its trials continue from their checkpoints:\n%s", traceback.format_exc()
-            )
+            log.error("a fuser failed; its trials go on from their checkpoints:\n%s", traceback.format_exc())
             os._exit(1)
+
+    def _train(self) -> None:
+        trained = len(self._group.running)
+        start = time.perf_counter()
+        due = self._group.step()
+        self._steps += 1
+        self._iterations += trained
+        by_slot = {m.slot: m for m in self._members.values()}
+        for slot, metrics in due.items():
+            member = by_slot[slot]
+            state = _checkpoint_bytes(self._group.state_dict(slot))
+            member.pending = (metrics, state, len(self._members))
+            self._group.hold(slot)  # until its trainable takes it (`advance` releases it then)
+            if member.waiting:
+                member.ready.set()
+        self._busy_s += time.perf_counter() - start
 
 
 def _checkpoint_bytes(state: dict[str, Any]) -> bytes:
@@ -191,17 +250,20 @@ def _checkpoint_bytes(state: dict[str, Any]) -> bytes:
 
 
 class FuserRegistry:
-    """The driver's fusers: one per node, device and shape (more where one is full); places a
-    trial in one. Owned by the driver, so every fuser ends with it."""
+    """The driver's fusers: one per GPU, or on CPUs as many per node as its CPUs hold groups
+    (``[resources] cpu`` each), per shape; places a trial in one. Owned by the driver, so every
+    fuser ends with it. Never more fusers than that: two groups on the same CPUs would each train
+    at half speed, so a trial finding them all full waits for a slot (`FusedRun`)."""
 
-    def __init__(self, capacity: int, threads: int) -> None:
-        self._capacity, self._threads = capacity, threads
+    def __init__(self, capacity: int, threads: int, group_cpus: float) -> None:
+        self._capacity, self._threads, self._group_cpus = capacity, threads, group_cpus
         self._fusers: dict[tuple[str, str, str], list[Any]] = {}
 
     def place(
         self, trial_id: str, node_id: str, gpu: str | None, config: dict[str, Any], state: bytes | None
-    ) -> Any:
-        """The fuser that took the trial's run, or None if its checkpoint says the run is over."""
+    ) -> tuple[str, Any]:
+        """(``joined``, the fuser that took the trial's run), (``finished``, None) if its checkpoint
+        says the run is over, or (``full``, None): every fuser this node may have is full."""
         group = (node_id, gpu or "cpu", _shape(config))
         fusers = self._fusers.setdefault(group, [])
         for fuser in list(fusers):
@@ -211,11 +273,20 @@ class FuserRegistry:
                 fusers.remove(fuser)
                 continue
             if answer != "full":
-                return fuser if answer == "joined" else None
+                return answer, fuser if answer == "joined" else None
+        if len(fusers) >= self._fusers_allowed(node_id, gpu):
+            return "full", None
         fuser = _new_fuser(self._capacity, self._threads, node_id, gpu)
         fusers.append(fuser)
         answer = ray.get(fuser.join.remote(trial_id, config, state))
-        return fuser if answer == "joined" else None
+        return answer, fuser if answer == "joined" else None
+
+    def _fusers_allowed(self, node_id: str, gpu: str | None) -> int:
+        if gpu is not None:
+            return 1
+        nodes = ray.nodes()  # type: ignore[no-untyped-call]
+        cpus = next((n["Resources"].get("CPU", 0) for n in nodes if n["NodeID"] == node_id), 0)
+        return max(1, int(cpus // self._group_cpus))
 
     def stats(self) -> list[dict[str, Any]]:
         """Each live fuser's group and `Fuser.stats`."""
@@ -266,22 +337,31 @@ _registries: list[Any] = []
 """The driver's registries' handles, held so that none is collected while the driver runs."""
 
 
-def start_fusion(capacity: int, threads: int) -> tuple[Fusion, Any]:
+def start_fusion(capacity: int, threads: int, group_cpus: float) -> tuple[Fusion, Any]:
     """Start the driver's `FuserRegistry`: (what the trainables need, the registry's handle). The
     driver owns it, and it owns the fusers: all end when the driver disconnects from Ray."""
     name = f"ponder-fusers-{uuid.uuid4().hex[:12]}"
-    registry = ray.remote(FuserRegistry).options(name=name, num_cpus=0).remote(capacity, threads)
+    registry = ray.remote(FuserRegistry).options(name=name, num_cpus=0).remote(capacity, threads, group_cpus)
     _registries.append(registry)
     return Fusion(name, capacity, threads), registry
 
 
-def stop_fusion(registry: Any) -> None:
-    """Stop every fuser and the registry (a driver that dies stops them too: it owns them)."""
-    try:
-        ray.get(registry.stop.remote(), timeout=30)
-    except Exception as e:  # already gone with its node, or Ray is going down
-        log.debug("fusers not stopped cleanly: %s", e)
-    ray.kill(registry)
+def stop_fusions() -> None:
+    """Stop this driver's fusers and registries now, as its Tune run ends: trials that Tune stopped
+    leave their members wanting a report, which their fuser would otherwise train on to."""
+    while _registries:
+        registry = _registries.pop()
+        try:
+            for group in ray.get(registry.stats.remote(), timeout=30):
+                log.info(
+                    "fused group on %s: %d member-iterations in %d steps (%.1f a step), %.0f s training",
+                    group["device"], group["iterations"], group["steps"],
+                    group["iterations"] / max(group["steps"], 1), group["busy_s"],
+                )  # fmt: skip
+            ray.get(registry.stop.remote(), timeout=30)
+            ray.kill(registry)
+        except Exception as e:  # gone with its node, or Ray is going down: its fusers went with it
+            log.debug("fusers not stopped cleanly: %s", e)
 
 
 @dataclass
@@ -335,12 +415,37 @@ class FusedRun:
             self._fuser = None
 
     def _join(self) -> bool:
+        """Join a fuser (waiting while every fuser this node may have is full); False if the
+        checkpoint's run is over. A member this process held for an earlier trial leaves first:
+        Tune reuses a trial's process for the next trial, and the earlier one is over."""
+        global _last_member
+        if _last_member is not None and _last_member[0] != self.trial_id:
+            with contextlib.suppress(RayActorError):
+                _last_member[1].leave.remote(_last_member[0])
         registry = ray.get_actor(self.fusion.registry)
         gpus = ray.get_gpu_ids()
         gpu = str(gpus[0]) if gpus else None
         node_id = ray.get_runtime_context().get_node_id()
-        self._fuser = ray.get(registry.place.remote(self.trial_id, node_id, gpu, self.config, self.state))
-        if self._fuser is None:
+        waited = time.monotonic()
+        while True:
+            place: Any = registry.place.remote(self.trial_id, node_id, gpu, self.config, self.state)
+            placed: tuple[str, Any] = ray.get(place)
+            answer, fuser = placed
+            if answer != "full":
+                break
+            if time.monotonic() - waited > 60:
+                log.warning(
+                    "trial %s has waited %.0f s for a fused slot", self.trial_id, time.monotonic() - waited
+                )
+                waited = time.monotonic()
+            time.sleep(0.2)  # a slot frees when a member reports and its trial goes
+        if answer == "finished":
             return False
-        self.device, self.group = ray.get(self._fuser.describe.remote())
+        self._fuser = fuser
+        _last_member = (self.trial_id, fuser)
+        self.device, self.group = ray.get(fuser.describe.remote())
         return True
+
+
+_last_member: tuple[str, Any] | None = None
+"""The trial this process last joined a fuser for, and that fuser."""

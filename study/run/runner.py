@@ -40,7 +40,7 @@ from study.records import journal_copy
 from study.records.records import StudyError, load_study_spec, read_end_records
 from study.records.truth import StudyTruth, read_truth
 from study.run.export import ParquetCallback, export_experiment
-from study.run.fused import start_fusion
+from study.run.fused import start_fusion, stop_fusions
 from study.run.lease import hold_lease
 from study.run.processes import Reaper
 from study.run.replay import replaying_records
@@ -112,7 +112,7 @@ def _trainable(spec: StudySpec, paths: StudyPaths) -> Any:
     here and owns (it ends with the driver)."""
     res, fusion = spec.resources, None
     if res.fuse > 1:
-        fusion, _ = start_fusion(res.fuse, threads=max(1, int(res.cpu)))
+        fusion, _ = start_fusion(res.fuse, threads=max(1, int(res.cpu)), group_cpus=res.cpu)
     fn = tune.with_parameters(
         train_trial,
         objectives=dict(spec.objectives),
@@ -451,6 +451,7 @@ def _fit(
         failed = True
         raise
     finally:  # and once more from the records and Tune's saved state, however fit ended
+        stop_fusions()  # a stopped study's fusers would train on to their members' next reports
         try:
             records = export_experiment(spec, paths)
             journal_copy.push_journal(paths, whole=True)
