@@ -8,8 +8,8 @@ trials (reports and evaluations included, iterations past a trial's last report 
 
 - unfused: ``[resources] cpu = 1`` a trial, two at a time (the CPU default), or with ``--gpu F``
   a fraction F of the GPU a trial (0.25: four packed on one GPU);
-- fused: ``fuse = K`` (``--fuse``), one group on the machine's CPUs (``cpu`` = ``--cpus``), or with
-  ``--gpu`` on the one GPU (``gpu = 1``), ``K`` trials at once.
+- fused: ``fuse = K`` (``--fuse``), a group per ``--group-cpus`` CPUs (default 1: a group a core,
+  as the unfused trials take a core each), or with ``--gpu`` one group on the GPU (``gpu = 1``).
 
 The runs alternate (unfused, fused; ``--rounds`` times) so a machine whose speed drifts slows both.
 Prints a row per run and, last, ``ratio <fused / unfused member-iterations per second>`` (medians).
@@ -39,8 +39,9 @@ NAME = "fused-bench"
 def spec_text(args: argparse.Namespace, fused: bool) -> str:
     """The study: parity-15 at the default shapes, ``num_samples`` trials, fused or not."""
     if fused:
-        resources = f"cpu = {args.cpus}\ngpu = {1 if args.gpu else 0}\nfuse = {args.fuse}"
-        at_once = args.fuse
+        group_cpus = 1 if args.gpu else args.group_cpus
+        resources = f"cpu = {group_cpus}\ngpu = {1 if args.gpu else 0}\nfuse = {args.fuse}"
+        at_once = args.fuse * (1 if args.gpu else max(1, args.cpus // group_cpus))
     elif args.gpu:
         resources = f"cpu = 1\ngpu = {args.gpu}"
         at_once = round(1 / args.gpu)
@@ -102,7 +103,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--seconds", type=float, default=120, help="wall time of each run, Ray's start included")
     p.add_argument("--fuse", type=int, default=8, help="K: trials a fused group trains as one model")
-    p.add_argument("--cpus", type=int, default=os.cpu_count() or 1, help="CPUs of the fused group")
+    p.add_argument("--cpus", type=int, default=os.cpu_count() or 1, help="CPUs the study may use")
+    p.add_argument("--group-cpus", type=int, default=1, help="CPUs (torch threads) of each fused group")
     p.add_argument("--gpu", type=float, default=0.0, help="on the GPU: this fraction of it per unfused trial")
     p.add_argument("--num-samples", type=int, default=256, help="trials (more than a run gets through)")
     p.add_argument("--iterations", type=int, default=5000, help="each trial's budget")
