@@ -29,10 +29,10 @@ from ponder.fused_trainer import FusedTrainer
 from ponder.trainer import Trainer
 
 
-def member_config(k: int) -> ParityConfig:
+def member_config(k: int, device: str = "cpu") -> ParityConfig:
     """Member k: the default shapes, its own seed and hyperparameters (they cost the same)."""
     return ParityConfig(
-        seed=k, lambda_p=0.1 + 0.05 * (k % 8), beta=0.01 * (1 + k % 3), lr=3e-3 * (1 + k % 2), device="cpu"
+        seed=k, lambda_p=0.1 + 0.05 * (k % 8), beta=0.01 * (1 + k % 3), lr=3e-3 * (1 + k % 2), device=device
     )
 
 
@@ -60,16 +60,19 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5, help="alternating rounds (default 5)")
     parser.add_argument("--ks", default="1,2,4,8,16", help="members per fused group (default 1,2,4,8,16)")
     parser.add_argument("--compile", action="store_true", help="torch.compile the fused step")
+    parser.add_argument(
+        "--device", default="cpu", help="cpu, or cuda (the plain Trainer then compiles, as it does there)"
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     ks = [int(k) for k in args.ks.split(",")]
 
-    plain = Trainer(member_config(0))
+    plain = Trainer(member_config(0, args.device))
     groups = {}
     for k in ks:
-        fused = FusedTrainer(k, "cpu", compile=args.compile)
+        fused = FusedTrainer(k, args.device, compile=args.compile)
         for i in range(k):
-            fused.join(member_config(i))
+            fused.join(member_config(i, args.device))
         groups[k] = fused
     # warm-up: Adam's first step, allocator pools, the compile when asked
     time_plain(plain, 3)
@@ -84,7 +87,7 @@ def main() -> None:
 
     mode = "compiled" if args.compile else "eager"
     shape = f"{args.threads} threads, {args.iters} iterations x {args.rounds} rounds"
-    print(f"parity, ParityConfig defaults, cpu, {shape}")
+    print(f"parity, ParityConfig defaults, {args.device}, {shape}")
     print(f"{'':20} {'ms/iter':>9} {'ms/member-it':>13} {'member-it/s':>12} {'ratio':>7}")
     base = min(plain_s)
     print(f"{'plain Trainer':20} {base * 1e3:9.2f} {base * 1e3:13.2f} {1 / base:12.1f} {1.0:7.2f}")
