@@ -214,7 +214,7 @@ def test_fused_trials_train_one_group_per_node_and_gpu(cluster: LocalCluster, s3
     trial is still its own row, reports and checkpoint, on S3."""
     bucket = s3.bucket()
     storage = f"{bucket}/ponder"
-    spec = _spec(tmp_path, iterations=100, eval_interval=50, grace=50, num_samples=8)
+    spec = _spec(tmp_path, iterations=200, eval_interval=50, grace=100, num_samples=8)
     spec.write_text(
         spec.read_text()
         .replace("gpu = 0.5\n", "gpu = 1\nfuse = 4\n")
