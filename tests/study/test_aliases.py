@@ -164,3 +164,21 @@ def test_the_folders_import_neither_ray_nor_torch() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+@pytest.mark.parametrize(
+    ("folder", "module"),
+    [
+        ("study.storage", "study.storage.storage"),
+        ("study.spec", "study.spec.spec"),
+        ("study.records", "study.records.records"),
+        ("study.search", "study.search.search"),
+    ],
+)
+def test_a_folder_re_exports_its_main_modules_public_names(folder: str, module: str) -> None:
+    """A folder's ``__all__`` is written out (reading it from the module would import it, which the
+    folder defers); it must stay the module's, every name the module's own object."""
+    package, main = importlib.import_module(folder), importlib.import_module(module)
+    assert sorted(package.__all__) == sorted(main.__all__)
+    for name in main.__all__:
+        assert getattr(package, name) is getattr(main, name)
