@@ -8,13 +8,19 @@ on either side. The plain baseline and every K are measured in the same process,
 rounds, so a busy moment of the machine hits all alike; each row is its fastest round (the one a
 busy machine disturbed least: other processes only ever add time).
 
+``--max-steps LOW-HIGH`` gives the members a study's spread of max_steps instead of the default
+20 for all: member k of K takes the (k + 1/2)/K quantile of the range, so every K has the same mean
+max_steps. The plain side is then a plain `Trainer` per max_steps the members use, and the ratio
+compares a fused iteration with the plain iterations of the same K configurations:
+ratio = sum_k t_plain(max_steps_k) / t_fused.
+
 Prints ms per iteration (all K members), ms per member-iteration, member-iterations per second, and
 the ratio against the plain Trainer (member-iterations per second fused / plain); last line
 ``ratio <best> at K=<k>``. ``--compile`` runs the fused step through ``torch.compile`` (its first
 iteration, the compile, is not timed; on a CPU a cold compile takes a minute or more per K).
 
     .venv/bin/python bench/fused_speed.py [--threads 2] [--iters 20] [--rounds 5] [--ks 1,2,4,8,16]
-        [--compile]
+        [--max-steps 4-20] [--compile]
 """
 
 from __future__ import annotations
@@ -29,11 +35,21 @@ from ponder.fused_trainer import FusedTrainer
 from ponder.trainer import Trainer
 
 
-def member_config(k: int, device: str = "cpu") -> ParityConfig:
+def member_config(k: int, device: str = "cpu", max_steps: int = 20) -> ParityConfig:
     """Member k: the default shapes, its own seed and hyperparameters (they cost the same)."""
     return ParityConfig(
-        seed=k, lambda_p=0.1 + 0.05 * (k % 8), beta=0.01 * (1 + k % 3), lr=3e-3 * (1 + k % 2), device=device
+        seed=k,
+        lambda_p=0.1 + 0.05 * (k % 8),
+        beta=0.01 * (1 + k % 3),
+        lr=3e-3 * (1 + k % 2),
+        max_steps=max_steps,
+        device=device,
     )
+
+
+def spread(k: int, members: int, low: int, high: int) -> int:
+    """Member k's max_steps among ``members``: the (k + 1/2) / members quantile of [low, high]."""
+    return low + round((k + 0.5) * (high - low) / members)
 
 
 def time_plain(trainer: Trainer, iters: int) -> float:
@@ -63,38 +79,51 @@ def main() -> None:
     parser.add_argument(
         "--device", default="cpu", help="cpu, or cuda (the plain Trainer then compiles, as it does there)"
     )
+    parser.add_argument(
+        "--max-steps",
+        default="",
+        help="LOW-HIGH: the members' max_steps spread over a range (default 20 all)",
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     ks = [int(k) for k in args.ks.split(",")]
+    low, high = (int(v) for v in args.max_steps.split("-")) if args.max_steps else (20, 20)
+    steps = {k: [spread(i, k, low, high) for i in range(k)] for k in ks}  # each member's max_steps
 
-    plain = Trainer(member_config(0, args.device))
+    plains = {
+        n: Trainer(member_config(0, args.device, n)) for n in sorted({n for v in steps.values() for n in v})
+    }
     groups = {}
     for k in ks:
         fused = FusedTrainer(k, args.device, compile=args.compile)
         for i in range(k):
-            fused.join(member_config(i, args.device))
+            fused.join(member_config(i, args.device, steps[k][i]))
         groups[k] = fused
     # warm-up: Adam's first step, allocator pools, the compile when asked
-    time_plain(plain, 3)
+    for plain in plains.values():
+        time_plain(plain, 3)
     for fused in groups.values():
         time_fused(fused, 3)
-    plain_s: list[float] = []
+    plain_s: dict[int, list[float]] = {n: [] for n in plains}
     fused_s: dict[int, list[float]] = {k: [] for k in ks}
     for _ in range(args.rounds):
-        plain_s.append(time_plain(plain, args.iters))
+        for n, plain in plains.items():
+            plain_s[n].append(time_plain(plain, args.iters))
         for k, fused in groups.items():
             fused_s[k].append(time_fused(fused, args.iters))
 
     mode = "compiled" if args.compile else "eager"
     shape = f"{args.threads} threads, {args.iters} iterations x {args.rounds} rounds"
-    print(f"parity, ParityConfig defaults, {args.device}, {shape}")
+    print(f"parity, ParityConfig defaults, max_steps {low}-{high}, {args.device}, {shape}")
     print(f"{'':20} {'ms/iter':>9} {'ms/member-it':>13} {'member-it/s':>12} {'ratio':>7}")
-    base = min(plain_s)
-    print(f"{'plain Trainer':20} {base * 1e3:9.2f} {base * 1e3:13.2f} {1 / base:12.1f} {1.0:7.2f}")
+    plain_best = {n: min(v) for n, v in plain_s.items()}
+    for n, dt in plain_best.items():
+        label = f"plain max_steps={n}"
+        print(f"{label:20} {dt * 1e3:9.2f} {dt * 1e3:13.2f} {1 / dt:12.1f} {'':>7}")
     best = (0.0, 0)
     for k in ks:
         dt = min(fused_s[k])
-        ratio = (k / dt) / (1 / base)
+        ratio = sum(plain_best[n] for n in steps[k]) / dt  # the same K iterations made plainly / fused
         best = max(best, (ratio, k))
         label = f"fused K={k} {mode}"
         print(f"{label:20} {dt * 1e3:9.2f} {dt * 1e3 / k:13.2f} {k / dt:12.1f} {ratio:7.2f}")

@@ -24,6 +24,7 @@ Shapes: K members (rows), N steps, B samples, I = n_elems inputs, H hidden units
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -127,6 +128,7 @@ def fused_gru_unroll(
     b_ih: torch.Tensor,  # [K, 3H]
     b_hh: torch.Tensor,  # [K, 3H]
     n_steps: int,
+    active: Sequence[int] | None = None,
 ) -> torch.Tensor:
     """h_1 .. h_N ``[K, N, B, H]`` of K GRU cells, each applied N times to its own constant input,
     from h_0 = 0: `ponder.gru.gru_unroll`'s equations (PyTorch's gate order r, z, c), batched over K.
@@ -134,6 +136,11 @@ def fused_gru_unroll(
         gi = x W_ih^T + b_ih (once);  gh_n = h_n W_hh^T + b_hh
         r = sigma(gi_r + gh_r);  z = sigma(gi_z + gh_z);  c = tanh(gi_c + r * gh_c)
         h_{n+1} = c + z (h_n - c)
+
+    ``active`` (``[N]``, non-increasing): step n is computed for the first ``active[n]`` rows only,
+    the others keep their last state. With the rows ordered by max_steps, longest first, a member
+    whose own N_k is short stops costing arithmetic after its step N_k (its later states are never
+    read: p is 0 there). None: every row at every step (one shape, as ``torch.compile`` wants).
     """
     members, batch, _ = x.shape
     hidden = w_hh.shape[2]
@@ -143,22 +150,28 @@ def fused_gru_unroll(
     gi_c = gi[..., 2 * hidden :]  # [K, B, H]
     w_t = w_hh.transpose(1, 2).contiguous()  # W_hh^T once, not a strided read a step      # [K, H, 3H]
     w_rz, w_c, b_c = w_t[..., : 2 * hidden], w_t[..., 2 * hidden :], b_hh[:, None, 2 * hidden :]
-    h = x.new_zeros(members, batch, hidden)  # h_0  # [K, B, H]
+    h = x.new_zeros(members, batch, hidden)  # h_0 of the rows still stepping  # [k, B, H]
+    done = h[:0]  # the last states of the rows past their own N_k, in row order  # [K - k, B, H]
     states = []
-    for _ in range(n_steps):
-        r, z = torch.sigmoid(torch.baddbmm(rz_bias, h, w_rz)).chunk(2, dim=2)  # [K, B, H] each
-        c = torch.tanh(torch.addcmul(gi_c, r, torch.baddbmm(b_c, h, w_c)))  # [K, B, H]
-        h = torch.lerp(c, h, z)  # c + z (h - c)  # [K, B, H]
-        states.append(h)
+    for n in range(n_steps):
+        k = members if active is None else active[n]  # rows still inside their own max_steps
+        if k < h.shape[0]:  # rows k.. end here: keep their last state, slice the rest (once)
+            done = torch.cat([h[k:], done])
+            h, rz_bias, gi_c, w_rz, w_c, b_c = (t[:k] for t in (h, rz_bias, gi_c, w_rz, w_c, b_c))
+        r, z = torch.sigmoid(torch.baddbmm(rz_bias, h, w_rz)).chunk(2, dim=2)  # [k, B, H] each
+        c = torch.tanh(torch.addcmul(gi_c, r, torch.baddbmm(b_c, h, w_c)))  # [k, B, H]
+        h = torch.lerp(c, h, z)  # c + z (h - c)  # [k, B, H]
+        states.append(h if k == members else torch.cat([h, done]))  # [K, B, H]
     return torch.stack(states, dim=1)  # [K, N, B, H]
 
 
 def fused_forward(
-    params: dict[str, torch.Tensor], x: torch.Tensor, n_steps: int
+    params: dict[str, torch.Tensor], x: torch.Tensor, n_steps: int, active: Sequence[int] | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(parity logits, lambda logits), each ``[K, N, B]``, of K `ponder.steps.ParityStep`
     PonderNets unrolled N steps on their inputs ``x`` ``[K, B, I]``; ``params`` are
-    `ParamLayout.unflatten`'s views (the plain model's names, a leading K)."""
+    `ParamLayout.unflatten`'s views (the plain model's names, a leading K); ``active`` as in
+    `fused_gru_unroll`."""
     states = fused_gru_unroll(
         x,
         params["step.cell.weight_ih"],
@@ -166,6 +179,7 @@ def fused_forward(
         params["step.cell.bias_ih"],
         params["step.cell.bias_hh"],
         n_steps,
+        active,
     )
     members, _, batch, hidden = states.shape
     # both heads in one matmul: [y_hat, lambda logit] = h [w_out; w_halt]^T + [b_out, b_halt]
@@ -248,11 +262,13 @@ def fused_forward_loss(
     max_steps: torch.Tensor,
     n_steps: int,
     kl_direction: KLDirection,
+    active: Sequence[int] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The training forward pass and loss of the rows ``flat`` ``[K, P]`` on ``x`` ``[K, B, I]``,
     ``y`` ``[K, B]``, unrolled ``n_steps`` = N: (L, L_rec, L_reg), each ``[K]``. What
-    `ponder.fused_trainer.FusedTrainer` runs (and compiles, when asked)."""
-    y_hat, lambda_logits = fused_forward(layout.unflatten(flat), x, n_steps)  # [K, N, B] each
+    `ponder.fused_trainer.FusedTrainer` runs (and compiles, when asked); ``active`` as in
+    `fused_gru_unroll`."""
+    y_hat, lambda_logits = fused_forward(layout.unflatten(flat), x, n_steps, active)  # [K, N, B] each
     log_p = fused_log_halting_distribution(lambda_logits, max_steps)  # [K, N, B]
     return fused_ponder_loss(y_hat, log_p, y, log_prior, beta, max_steps, kl_direction)
 

@@ -66,6 +66,7 @@ class _Plan:
     mask: torch.Tensor  # `trained` as a tensor  # [R]
     index: torch.Tensor | None  # `slots` as a tensor, None when they are all K  # [R]
     n_steps: int  # N = max over the rows' max_steps
+    active: tuple[int, ...] | None  # rows computed at each step (longest first), None: all  # [N]
     max_steps: torch.Tensor  # [R]
     log_prior: torch.Tensor  # [R, N]
     beta: torch.Tensor  # [R]
@@ -198,7 +199,7 @@ class FusedTrainer:
         rows = weights if plan.index is None else weights.index_select(0, plan.index)  # [R, P]
         kl = members[0].trainer.config.kl_direction
         loss, rec, reg = self._forward_loss(
-            layout, rows, x, y, plan.log_prior, plan.beta, plan.max_steps, plan.n_steps, kl
+            layout, rows, x, y, plan.log_prior, plan.beta, plan.max_steps, plan.n_steps, kl, plan.active
         )  # [R] each
         # a member's non-finite loss is masked out before backward: its row gets no gradient that
         # counts, and the other rows' gradients never see it (each loss reads its own row only)
@@ -345,8 +346,11 @@ class FusedTrainer:
     def _current_plan(self, members: list[_Member]) -> _Plan:
         """The plan for these members' rows (cached while the set of running slots is the same)."""
         running = tuple(m.slot for m in members)
-        # compiled: every slot, the others as padding rows, so the compiled graph keeps one shape
-        slots = tuple(range(self.capacity)) if self.compiled else running
+        # compiled: every slot, the others as padding rows, so the compiled graph keeps one shape;
+        # eager: the running rows, longest max_steps first, so each step computes a prefix of rows
+        # (`ponder.fused.fused_gru_unroll`'s ``active``): a short member stops costing at its N_k
+        by_steps = sorted(running, key=lambda s: (-self._members[s].trainer.config.max_steps, s))
+        slots = tuple(range(self.capacity)) if self.compiled else tuple(by_steps)
         if (
             self._plan is not None
             and self._plan.slots == slots
@@ -368,12 +372,15 @@ class FusedTrainer:
             for s, t in zip(slots, trained, strict=True)
         ]
         index = None if slots == tuple(range(self.capacity)) else torch.tensor(slots, device=dev)
+        own_steps = [c.max_steps for c in configs if c is not None]  # non-increasing when eager
+        active = None if self.compiled else tuple(sum(m > n for m in own_steps) for n in range(n_steps))
         self._plan = _Plan(
             slots=slots,
             trained=trained,
             mask=torch.tensor(trained, device=dev),
             index=index,
             n_steps=n_steps,
+            active=active,
             max_steps=torch.tensor([c.max_steps if c else 1 for c in configs], device=dev),
             log_prior=torch.stack(priors),
             beta=torch.tensor([c.beta if c else 0.0 for c in configs], device=dev),

@@ -10,7 +10,13 @@ import pytest
 import torch
 
 from ponder.config import MnistConfig, ParityConfig
-from ponder.fused import fusable_key, fused_log_halting_distribution, fused_ponder_loss, padded_log_prior
+from ponder.fused import (
+    fusable_key,
+    fused_gru_unroll,
+    fused_log_halting_distribution,
+    fused_ponder_loss,
+    padded_log_prior,
+)
 from ponder.fused_adam import RowAdam
 from ponder.fused_trainer import FusedTrainer
 from ponder.halting import log_geometric_prior, log_halting_distribution
@@ -281,6 +287,35 @@ def test_a_config_that_cannot_fuse_is_refused_naming_the_field() -> None:
     fused.leave(0)
     with pytest.raises(ValueError, match="completed already"):
         fused.join(done.config, done.state_dict())
+
+
+def test_an_unroll_that_stops_each_row_at_its_own_steps_computes_what_the_full_one_does() -> None:
+    """Rows ordered longest first and ``active`` giving the rows still stepping: each row's states
+    over its own N_k steps, and the gradient of anything read from them, are the full unroll's."""
+    torch.manual_seed(0)
+    members, batch, inputs, hidden, n_steps = 4, 5, 3, 8, 6
+    own_steps = [6, 4, 4, 1]  # longest first, as `FusedTrainer` orders its rows
+    active = [sum(m > n for m in own_steps) for n in range(n_steps)]
+    x = torch.randn(members, batch, inputs)
+    weights = [
+        torch.randn(members, 3 * hidden, inputs),
+        torch.randn(members, 3 * hidden, hidden),
+        torch.randn(members, 3 * hidden),
+        torch.randn(members, 3 * hidden),
+    ]
+    read = torch.randn(members, n_steps, batch, hidden)  # what a loss reads of each state
+    valid = (torch.arange(n_steps)[None, :] < torch.tensor(own_steps)[:, None])[..., None, None]
+    results = []
+    for steps in (None, active):
+        params = [w.clone().requires_grad_() for w in weights]
+        states = fused_gru_unroll(x, *params, n_steps, steps)  # [K, N, B, H]
+        (states * read * valid).sum().backward()  # type: ignore[no-untyped-call]
+        results.append((states.detach() * valid, [p.grad for p in params]))
+    (full, full_grads), (short, short_grads) = results
+    assert torch.allclose(short, full, atol=1e-6)
+    for got, want in zip(short_grads, full_grads, strict=True):
+        assert got is not None and want is not None
+        assert torch.allclose(got, want, atol=1e-5)
 
 
 def test_the_masked_halting_distribution_and_loss_are_each_members_own() -> None:
