@@ -1,4 +1,4 @@
-"""The Parquet contract (schema version 5): one table of trials, one of reports, per study.
+"""The Parquet contract (schema version 6): one table of trials, one of reports, per study.
 
 ``trials/study=<name>/trials.parquet`` has one row per trial:
 
@@ -9,7 +9,9 @@
   is the budget; ``device`` is the config's device as resolved on the node;
 - ``iteration``, ``reports``, ``nan_events``, ``wall_time_s`` (seconds), ``started_at`` and
   ``ended_at`` (UTC), ``node_ip``, ``node_id``, ``gpu_ids`` (where the last report ran; null on a
-  CPU), ``nodes``, ``checkpoint_path``, ``error``, ``retries``; ``pareto``: on the Pareto front
+  CPU), ``fuse_group`` and ``fuse_members`` (the fused group that trained its last report and the
+  members it held then; null unfused), ``nodes``, ``checkpoint_path``, ``error``, ``retries``;
+  ``pareto``: on the Pareto front
   of the study's objectives among the trials that ended with a result;
 - each metric's final value under its metric name, ``best/<metric>`` at the report where the
   objective was best (``best_iteration``); per set, ``halted_accuracy`` beside
@@ -20,14 +22,15 @@
 
 ``history/study=<name>/history.parquet`` has one row per trial per report: ``trial_id``,
 ``report`` (1, 2, ...), ``iteration``, ``outcome``, ``nan_events``, the timings, ``timestamp``
-(UTC), where it ran, every metric.
+(UTC), where it ran (``fuse_group`` and ``fuse_members`` as above), every metric.
 
 Each study's folder (``trials/study=<name>/``, ``history/study=<name>/``) holds one compacted
 file (``trials.parquet``, ``history.parquet``: the trials final when the study last stopped or
 was exported) and one fragment per other trial (``trial-<id>.parquet``: each trial that ended
 since, written once when it ended, or one still running, pending or errored at the last export).
-Reading the folder (``pd.read_parquet("results/trials")``) gives every trial once. Version 5
-added the fragments (4 had one file per study, rewritten whole as each trial ended).
+Reading the folder (``pd.read_parquet("results/trials")``) gives every trial once. Version 6
+added ``fuse_group`` and ``fuse_members``; version 5 the fragments (4 had one file per study,
+rewritten whole as each trial ended).
 
 Null: NaN, +-inf, and the objective's stand-in (`WORST`) in the objective's own columns; every
 other value is kept. Version 4 added ``<set>/best_step_accuracy`` and ``<set>/stable_accuracy``
@@ -77,7 +80,11 @@ __all__ = [
     "trials_table",
 ]
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
+
+FUSE_FIELDS = (pa.field("fuse_group", pa.string()), pa.field("fuse_members", pa.int64()))
+"""A fused trial's group (the fuser's id: the trials reported with one id trained as one model)
+and the members that group held at the report; null for a trial trained alone."""
 STATUSES = ("completed", "early_stopped", "diverged", "errored", "running", "pending")
 ENDED_WITH_RESULT = ("completed", "early_stopped")
 """The statuses of trials that ended with a result: those ranked, put on a Pareto front, evaluated."""
@@ -374,6 +381,7 @@ def _trials_schema(metric_fields: Sequence[pa.Field], scalar: Sequence[pa.Field]
             pa.field("node_ip", pa.string()),
             pa.field("node_id", pa.string()),
             pa.field("gpu_ids", pa.string()),
+            *FUSE_FIELDS,
             pa.field("nodes", pa.int64()),
             pa.field("checkpoint_path", pa.string()),
             pa.field("error", pa.string()),
@@ -412,6 +420,8 @@ def _trial_row(
         "ended_at": _utc(last.get("timestamp")) if rec.status() not in ("running", "pending") else None,
         "node_id": last.get("node_id"),
         "gpu_ids": _gpu_ids(last.get("gpu_ids")),
+        "fuse_group": last.get("fuse_group"),
+        "fuse_members": last.get("fuse_members"),
         # every report made, a re-made one's first making included: a trial restarted from
         # scratch on another node (its only checkpoint lost with the node) still counts both
         "nodes": len({r["node_id"] for r in rec.history if r.get("node_id")}),
@@ -507,6 +517,7 @@ def history_table(records: Sequence[TrialRecord], objectives: Sequence[tuple[str
             pa.field("node_id", pa.string()),
             pa.field("device", pa.string()),
             pa.field("gpu_ids", pa.string()),
+            *FUSE_FIELDS,
             *_metric_fields(_sets(records)),
         ]
     )

@@ -80,12 +80,14 @@ def test_a_fused_study_is_its_trials_run_alone(tmp_path: Path) -> None:
     table = check_study(tmp_path)
     assert set(table["status"]) == {"completed", "early_stopped"}  # ASHA stopped some members alone
 
-    reports = saved_reports(tmp_path)
-    groups = {r["fuse_group"] for rs in reports.values() for r in rs}
-    assert len(groups) == 1  # one device, one shape: one group trained them all
-    assert max(r["fuse_members"] for rs in reports.values() for r in rs) >= 2
-
     h = history(tmp_path, NAME)
+    # the Parquet says which group trained each report and each trial: one device, one shape,
+    # one group trained them all, several at once, never more than its K slots
+    assert h["fuse_group"].notna().all() and h["fuse_group"].nunique() == 1
+    assert 2 <= h["fuse_members"].max() <= FUSE
+    assert list(table["fuse_group"]) == [h["fuse_group"].iloc[0]] * SAMPLES
+    reports = saved_reports(tmp_path)  # the study's own copy of the reports says the same
+    assert {r["fuse_group"] for rs in reports.values() for r in rs} == set(h["fuse_group"])
     for row in table.itertuples():
         got = list(h[h["trial_id"] == row.trial_id].sort_values("report")["test/halted_accuracy"])
         want = plain_accuracies(Path(row.checkpoint_path), int(row.iteration))
@@ -106,9 +108,9 @@ def test_sigkill_of_a_fused_study_then_resume_goes_on_from_each_members_checkpoi
     done = cli("resume", NAME, "--storage", str(tmp_path), timeout=300)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     table = check_study(tmp_path)
-    reports = saved_reports(tmp_path)
-    assert len({r["fuse_group"] for rs in reports.values() for r in rs}) == 2  # before and after the kill
     h = history(tmp_path, NAME)
+    assert h["fuse_group"].notna().all() and h["fuse_group"].nunique() == 2  # before and after the kill
+    assert set(table["fuse_group"]) <= set(h["fuse_group"])
     for row in table.itertuples():
         got = list(h[h["trial_id"] == row.trial_id].sort_values("report")["test/halted_accuracy"])
         assert got == pytest.approx(plain_accuracies(Path(row.checkpoint_path), int(row.iteration)), abs=1e-6)

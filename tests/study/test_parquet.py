@@ -193,6 +193,25 @@ def test_only_the_objective_stand_in_is_null_every_other_value_is_kept() -> None
     assert hist["test/halted_accuracy"].iloc[0] == 0.5 and pd.isna(hist["test/halted_accuracy"].iloc[1])
 
 
+def test_a_fused_trials_group_is_in_both_tables_and_null_for_a_trial_trained_alone() -> None:
+    """Which group trained a report, and its members then: per report in history, the last
+    report's in trials (a resumed trial joins a new group); null where no group trained it."""
+    fused = [_report(10, 0.5), _report(20, 0.6, "completed")]
+    fused[0].update(fuse_group="g1", fuse_members=4)
+    fused[1].update(fuse_group="g2", fuse_members=3)  # resumed into another group
+    records = [
+        TrialRecord("f", "TERMINATED", {"task": "parity"}, fused),
+        TrialRecord("p", "TERMINATED", {"task": "parity"}, [_report(10, 0.5, "completed")]),
+    ]
+    rows = trials_table(records, "test/halted_accuracy", "max").to_pandas().set_index("trial_id")
+    assert rows.loc["f", "fuse_group"] == "g2" and rows.loc["f", "fuse_members"] == 3
+    assert pd.isna(rows.loc["p", "fuse_group"]) and pd.isna(rows.loc["p", "fuse_members"])
+    hist = history_table(records).to_pandas()
+    assert list(hist["fuse_group"].iloc[:2]) == ["g1", "g2"] and list(hist["fuse_members"].iloc[:2]) == [4, 3]
+    assert pd.isna(hist["fuse_group"].iloc[2])
+    assert str(history_table(records).schema.field("fuse_members").type) == "int64"
+
+
 def test_times_are_utc_and_gpu_ids_null_on_a_cpu() -> None:
     first, last = _report(10, 0.5), _report(20, 0.6, "completed")
     first.update(timestamp=1_800_000_000, time_total_s=3.0, gpu_ids="")
