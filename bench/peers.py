@@ -1,8 +1,12 @@
-"""The same search three ways: ponder-study, plain Ray Tune, plain Optuna; which answers first?
+"""The same search four ways: ponder-study, ponder-study fused, plain Ray Tune, plain Optuna; which
+answers first?
 
 One search, run by each in its own process, the order alternating over ``--rounds``:
 
 - ponder-study: the real command (``ponder-study run`` of a spec written for the bench);
+- ponder-study fused: the same spec with ``[resources] fuse = --fuse`` (a fused group of that many
+  trials per CPU of ``--at-once``, so ``--fuse`` times as many trials at once; ``--fuse 1`` leaves
+  this peer out);
 - plain Tune: a `Tuner` whose trainable runs the same `ponder.trainer.Trainer` and reports at
   the same interval, `OptunaSearch` (TPE, same seed, same space, same startup trials),
   `ASHAScheduler` (same grace period, same reduction factor, over the model's iteration), the
@@ -26,7 +30,8 @@ trained ``--eval-interval``; ``s/report`` how fast a trial trains (`_pace`). Rep
 to the ms: the plain peers take them in the trial as it reports, ponder-study's come from its
 TensorBoard events as the driver receives each report (Tune's own ``timestamp`` is whole seconds).
 ``--dump`` keeps every report for a closer look. Last line: ``ratio <ponder-study's median time
-to the target / the fastest peer's>``; the time to the answer where a peer missed the target.
+to the target / the fastest peer's>`` (the plain peers; the line before it, ``fused``, is ponder-study
+fused's against ponder-study's); the time to the answer where a peer missed the target.
 With asynchronous early stopping the trials that run to the end differ from run to run, so the
 best of a run moves by about 0.005: a fixed target is the steadier answer.
 
@@ -57,7 +62,7 @@ SPACE = {"lambda_p": (0.05, 0.9, False), "beta": (1e-4, 0.1, True), "max_steps":
 """The shipped `parity` spec's space: (low, high, log); None marks an integer."""
 
 
-def _spec(a: argparse.Namespace) -> str:
+def _spec(a: argparse.Namespace, fuse: int = 1) -> str:
     space = "\n".join(
         f"[space.{k}]\nlow = {lo}\nhigh = {hi}\n" + ("log = true\n" if log else "")
         for k, (lo, hi, log) in SPACE.items()
@@ -78,7 +83,7 @@ def _spec(a: argparse.Namespace) -> str:
         sampler = "tpe"
         seed = {a.seed}
         num_samples = {a.trials}
-        max_concurrent = {a.at_once}
+        max_concurrent = {a.at_once * fuse}
 
         [scheduler]
         metric = "{OBJECTIVE}"
@@ -90,6 +95,7 @@ def _spec(a: argparse.Namespace) -> str:
         [resources]
         cpu = 1
         gpu = 0
+        fuse = {fuse}
         """)
 
 
@@ -218,9 +224,9 @@ def _tensorboard_reports(trial_dir: Path) -> list[dict[str, Any]]:
     return reports
 
 
-def _ponder_study(a: argparse.Namespace, where: Path, env: dict[str, str]) -> dict[str, Any]:
+def _ponder_study(a: argparse.Namespace, where: Path, env: dict[str, str], fuse: int = 1) -> dict[str, Any]:
     spec = where / "peers.toml"
-    spec.write_text(_spec(a))
+    spec.write_text(_spec(a, fuse))
     storage = where / "ponder"
     t0, wall, cpu, rc = _run(
         [sys.executable, "-m", "study", "run", str(spec), "--storage", str(storage), "--quiet"], env
@@ -269,6 +275,9 @@ def main() -> None:
     p.add_argument("--grace", type=int, default=500, help="ASHA's grace period and the pruner's min_resource")
     p.add_argument("--reduction", type=int, default=3)
     p.add_argument("--at-once", type=int, default=2, help="trials at once (n_jobs for Optuna)")
+    p.add_argument(
+        "--fuse", type=int, default=8, help="ponder-study fused's trials per group (1: no such peer)"
+    )
     p.add_argument("--n-elems", type=int, default=15)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--rounds", type=int, default=2)
@@ -285,9 +294,12 @@ def main() -> None:
     env.pop("RAY_ADDRESS")
     peers = {
         "ponder-study": lambda w: _ponder_study(a, w, env),
+        "ponder-study fused": lambda w: _ponder_study(a, w, env, a.fuse),
         "plain Tune": lambda w: _plain(_TUNE, a, w, env, "tune"),
         "plain Optuna": lambda w: _plain(_OPTUNA, a, w, env, "optuna"),
     }
+    if a.fuse <= 1:
+        del peers["ponder-study fused"]
     results: dict[str, list[dict[str, Any]]] = {k: [] for k in peers}
     for rnd in range(a.rounds):
         order = list(peers) if rnd % 2 == 0 else list(reversed(peers))
@@ -307,7 +319,7 @@ def main() -> None:
     columns = (("wall s", 9), ("CPU s", 9), ("trials", 8), ("stopped", 9))
     columns += (("iters", 9), ("best", 8), ("first s", 9), ("s/report", 10), ("answer s", 10))
     columns += ((f"{a.target} s", 9),)
-    print(f"{'peer':<14}" + "".join(f"{c:>{w}}" for c, w in columns))
+    print(f"{'peer':<20}" + "".join(f"{c:>{w}}" for c, w in columns))
     median = {"answer": {}, "target": {}}
     for name, runs in results.items():
         times: dict[str, list[float]] = {"answer": [], "target": []}
@@ -321,7 +333,7 @@ def main() -> None:
             top = max((x["acc"] for x in r["reports"]), default=float("nan"))
             first = min((x["t"] - r["t0"] for x in r["reports"]), default=float("nan"))  # start-up
             print(
-                f"{name:<14}{r['wall']:>9.1f}{r['cpu']:>9.1f}{len(last):>8}{r['stopped']:>9}"
+                f"{name:<20}{r['wall']:>9.1f}{r['cpu']:>9.1f}{len(last):>8}{r['stopped']:>9}"
                 f"{sum(last.values()):>9}{top:>8.3f}{first:>9.1f}{_pace(r['reports'], a):>10.2f}"
                 f"{times['answer'][-1]:>10.1f}"
                 f"{times['target'][-1]:>9.1f}"
@@ -330,7 +342,11 @@ def main() -> None:
             median[kind][name] = sorted(times[kind])[len(times[kind]) // 2]  # the upper one of two
     kind = "target" if all(t < float("inf") for t in median["target"].values()) else "answer"
     by = median[kind]
-    fastest_peer = min(v for k, v in by.items() if k != "ponder-study")
+    fastest_peer = min(v for k, v in by.items() if not k.startswith("ponder-study"))
+    if "ponder-study fused" in by:
+        print(
+            f"fused {by['ponder-study fused'] / by['ponder-study']:.2f}  (ponder-study fused / ponder-study)"
+        )
     ratio = by["ponder-study"] / fastest_peer
     print(f"ratio {ratio:.2f}  (median time to the {kind}: ponder-study / the fastest peer)")
 
