@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The project's GPU path, checked on a machine with one CUDA GPU, in one go (a few minutes):
-#   1. the CUDA tests (tests/ponder/test_cuda.py: fused members against plain runs too, checkpoints
-#      across devices), then fused trials' speed (bench/fused_speed.py) and a whole fused study
-#      against four packed trials (bench/fused_throughput.py);
+#   1. the CUDA tests (tests/ponder/test_cuda.py: fused members against plain runs too, eager and
+#      compiled, checkpoints across devices), then fused trials' speed (bench/fused_speed.py, eager
+#      and compiled) and a whole fused study against four packed trials (bench/fused_throughput.py);
 #   2. a parity-smoke study with a quarter of the GPU per trial (four trials at once), its
 #      status, and `evaluate` of its best trial on the GPU and on the CPU;
 #   3. bench/iteration_speed.py --device cuda: seeds, eager, compiled (CUDA graphs), compiled without;
@@ -57,6 +57,8 @@ step unit-tests 140 "$PYTHON" -m pytest -p no:cacheprovider -v -rs --durations=1
 
 # fused trials first: what only a GPU can tell (docs/fused.md)
 step fused-speed 150 "$PYTHON" bench/fused_speed.py --device cuda --iters 20 --rounds 3 --ks 1,16,64,256,1024
+# compiled: what a fused group on CUDA runs by default (compile = "auto"), a study's spread of max_steps
+step fused-speed-compiled 150 "$PYTHON" bench/fused_speed.py --device cuda --compile --iters 20 --rounds 3 --ks 16,256 --max-steps 4-20
 step fused-throughput 330 "$PYTHON" bench/fused_throughput.py --gpu 0.25 --fuse 256 --num-samples 1024 --seconds 120
 
 SPEC="$OUT_DIR/parity-gpu-quarter.toml"

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from ponder.config import CompileMode
+from ponder.config import CompileMode, compiles_on
 
 __all__ = [
     "CACHE_ENV",
@@ -49,10 +49,9 @@ CACHE_ENV = "PONDER_STUDY_CACHE"
 
 
 def should_compile(mode: CompileMode, device: torch.device) -> bool:
-    """Whether a run compiles its training step: ``on``, ``off``, or ``auto`` (CUDA only; see the module)."""
-    if mode == "auto":
-        return device.type == "cuda"  # 2.4x eager on an H200 (module docstring)
-    return mode == "on"
+    """Whether a run compiles its training step: ``on``, ``off``, or ``auto`` (CUDA only, 2.4x eager
+    on an H200; see the module)."""
+    return compiles_on(mode, device.type)
 
 
 CUDA_GRAPHS = True

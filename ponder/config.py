@@ -39,6 +39,16 @@ CompileMode = Literal["auto", "on", "off"]
 """Whether the training step runs through ``torch.compile``: ``auto`` where it pays (see
 `ponder.compiled.should_compile`), ``on``, ``off``."""
 
+
+def compiles_on(mode: CompileMode, device_type: str) -> bool:
+    """Whether a step with ``compile = mode`` runs compiled on a device of this type (``cpu``,
+    ``cuda``): ``auto`` on CUDA only (`ponder.compiled` says why). Here, without torch, so that a
+    spec's check can say it."""
+    if mode == "auto":
+        return device_type == "cuda"
+    return mode == "on"
+
+
 __all__ = [
     "CONFIGS",
     "CompileMode",
@@ -51,6 +61,7 @@ __all__ = [
     "PriorTail",
     "TaskConfig",
     "TaskView",
+    "compiles_on",
     "config_from_dict",
     "fields_of",
     "resolve_config",

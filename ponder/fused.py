@@ -48,10 +48,11 @@ __all__ = [
     "padded_log_prior",
 ]
 
-FUSED_KEY_FIELDS = ("task", "n_elems", "n_hidden", "batch_size", "kl_direction", "device")
+FUSED_KEY_FIELDS = ("task", "n_elems", "n_hidden", "batch_size", "kl_direction", "device", "compile")
 """Config fields every member of one fused group shares. The shapes (n_elems, n_hidden, batch_size)
 are the stacked tensors' shapes; the KL direction is a different formula, not a masked value; the
-device holds every tensor. Everything else is per member: lambda_p and prior_tail (its own log
+device holds every tensor; ``compile`` is how the group's step runs (`ponder.compiled.should_compile`
+on the device, as for a plain run). Everything else is per member: lambda_p and prior_tail (its own log
 prior row), beta, lr, grad_clip (per-row scalars), seed (its own weights, data and evaluation
 sets), max_steps (masked, module docstring), the nonzero range, the budget and the NaN limit."""
 

@@ -16,8 +16,9 @@ and `leave` give exactly what the plain `Trainer` gives: its metrics dict, its c
 (batched matmuls sum in another order).
 
 What differs from a plain run: a member's ``time_s`` is its share of the fused iterations' wall
-time (each iteration's time divided among the members it trained), and its config's ``compile``
-is not read (the group compiles or not, `FusedTrainer`'s ``compile``).
+time (each iteration's time divided among the members it trained). The group compiles its step
+as its members' ``compile`` says on its device (`ponder.compiled.should_compile`: ``auto`` is
+compiled on CUDA, eager on a CPU), unless `FusedTrainer`'s ``compile`` decides.
 """
 
 from __future__ import annotations
@@ -30,16 +31,20 @@ from typing import Any
 
 import torch
 
-from ponder.compiled import share_compile_cache
+from ponder.compiled import share_compile_cache, should_compile
 from ponder.config import PonderConfig
 from ponder.cpu import keep_freed_memory
 from ponder.fused import ParamLayout, fusable_key, fusable_mismatch, fused_forward_loss, padded_log_prior
 from ponder.fused_adam import RowAdam
 from ponder.trainer import Metrics, StepResult, Trainer, resolve_device
 
-__all__ = ["FusedTrainer"]
+__all__ = ["COMPILED_STEPS", "FusedTrainer"]
 
 Key = tuple[tuple[str, object], ...]
+
+COMPILED_STEPS = 4
+"""A compiled group unrolls a multiple of this many steps (the rows past their own max_steps are
+masked, so a few more cost arithmetic, not results)."""
 
 
 @dataclass
@@ -77,16 +82,23 @@ class FusedTrainer:
     """Up to ``capacity`` parity runs trained together as one stacked model on ``device``.
 
     ``compile``: run the batched forward and loss through ``torch.compile``; every slot is then
-    computed at every iteration (free ones masked), so the compiled graph keeps one shape.
+    computed at every iteration (free ones masked) to the longest max_steps, so the compiled graph
+    keeps one shape. Eager, a member stops costing arithmetic after its own max_steps. None (the
+    default): as the members' ``compile`` says (`ponder.compiled.should_compile`, decided when
+    the first member joins; ``compile`` is one of `ponder.fused.FUSED_KEY_FIELDS`).
     """
 
-    def __init__(self, capacity: int, device: str | torch.device = "auto", compile: bool = False) -> None:
+    def __init__(
+        self, capacity: int, device: str | torch.device = "auto", compile: bool | None = None
+    ) -> None:
         if capacity < 1:
             raise ValueError(f"capacity must be >= 1, got {capacity}")
         keep_freed_memory()  # as `Trainer`: no page faults for the same tensors every iteration
         self.capacity = capacity
         self.device = resolve_device(device) if isinstance(device, str) else device
-        self.compiled = compile
+        self._compile = compile
+        self.compiled = False
+        """Whether the step runs compiled (with ``compile=None``, set when the first member joins)."""
         self._members: dict[int, _Member] = {}
         self._key: Key | None = None
         self._layout: ParamLayout | None = None
@@ -96,9 +108,7 @@ class FusedTrainer:
         self._forward_loss: Callable[..., tuple[torch.Tensor, ...]] = fused_forward_loss
         self._compiled_steps = 0  # the longest unroll compiled so far
         if compile:
-            share_compile_cache()  # the machine's Inductor cache, as `Trainer` compiles with
-            # static shapes: K rows always (free slots padded), N changes only upwards
-            self._forward_loss = torch.compile(fused_forward_loss, dynamic=False)
+            self._use_compiled()
         self.last_results: dict[int, StepResult] = {}
         """What the last iteration did for each member it trained, by slot."""
 
@@ -150,6 +160,8 @@ class FusedTrainer:
         if not self._members:
             self._key = key
             self._allocate(ParamLayout.of(trainer.model))
+            if self._compile is None:  # the group's members say (a new group may say otherwise)
+                self._use_compiled(should_compile(config.compile, self.device))
         assert self._weights is not None and self._layout is not None
         with torch.no_grad():
             self._weights[slot] = self._layout.read(trainer.model)
@@ -292,6 +304,19 @@ class FusedTrainer:
             raise KeyError(f"slot {slot} is free")
         return member
 
+    def _use_compiled(self, compiled: bool = True) -> None:
+        """Run the step through ``torch.compile`` from now on (or eagerly: ``compiled=False``)."""
+        if compiled == self.compiled:
+            return
+        self._forward_loss = fused_forward_loss
+        if compiled:
+            share_compile_cache()  # the machine's Inductor cache, as `Trainer` compiles with
+            # static shapes: K rows always (free slots padded), N changes only upwards
+            self._forward_loss = torch.compile(fused_forward_loss, dynamic=False)
+        self.compiled = compiled
+        self._compiled_steps = 0
+        self._plan = None
+
     def _allocate(self, layout: ParamLayout) -> None:
         """The stacked weights and Adam for this group's shapes (kept while its shapes are the same)."""
         if self._layout == layout:
@@ -362,7 +387,10 @@ class FusedTrainer:
             self._members[s].trainer.config if t else None for s, t in zip(slots, trained, strict=True)
         ]
         n_steps = max(c.max_steps for c in configs if c is not None)
-        if self.compiled:  # N only grows: each new N is a compile, a shorter one would be another
+        if self.compiled:  # N only grows: each new N is a compile, a shorter one would be another;
+            # and in steps of COMPILED_STEPS, so that a study's max_steps of 4-20 compile at most 5
+            # times, within torch.compile's 8 shapes a process (past them it runs eagerly, silently)
+            n_steps = -(-n_steps // COMPILED_STEPS) * COMPILED_STEPS
             n_steps = self._compiled_steps = max(n_steps, self._compiled_steps)
         dev = self.device
         priors = [

@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from ponder.config import compiles_on
 from study.spec.spec import Dimension, StudySpec, load_spec
 from study.storage.commands import command_name
 from study.storage.storage import StudyPaths, has_scheme
@@ -65,9 +66,12 @@ def _fusion(spec: StudySpec, fit: int) -> list[str]:
             f"resources per trial: {res.cpu:g} CPU, {res.gpu:g} GPU; each trial trains in its own process"
         ]
     device = "GPU" if res.gpu > 0 else "CPU group"
+    mode = spec.config_for({d.name: _centre(d) for d in spec.space}).compile
+    step = "compiled" if compiles_on(mode, "cuda" if res.gpu > 0 else "cpu") else "eager"
     lines = [
         f"fused: up to {res.fuse} trials trained as one model per {device} ({res.cpu:g} CPU, {res.gpu:g} GPU "
         f"a group); each trial reserves {res.cpu / res.fuse:g} CPU, {res.gpu / res.fuse:g} GPU",
+        f"  a group's step runs {step} (compile = {mode!r})",
     ]
     if min(fit, spec.search.max_concurrent) < res.fuse:
         lines.append(

@@ -3,6 +3,7 @@ exactly, and its checkpoints evaluated on the CPU. Skipped where torch finds no 
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -129,18 +130,23 @@ def test_a_gpu_runs_checkpoint_evaluates_on_the_cpu(tmp_path: Path) -> None:
     assert cpu.iteration == 6
 
 
-def test_fused_members_on_cuda_compute_what_their_plain_cuda_runs_compute() -> None:
-    """Three members (own lambda_p, beta, lr, seed, max_steps) trained fused on the GPU: each one's
-    loss at every iteration and its metrics at each evaluation are its plain CUDA run's."""
+@pytest.mark.parametrize("compile", ["off", "auto"])
+def test_fused_members_on_cuda_compute_what_their_plain_cuda_runs_compute(compile: str) -> None:
+    """Three members (own lambda_p, beta, lr, seed, max_steps) trained fused on the GPU, eager
+    (``off``) and compiled (``auto``: what a fused study on a GPU runs): each one's loss at every
+    iteration and its metrics at each evaluation are its plain eager CUDA run's."""
     from ponder.fused_trainer import FusedTrainer
 
     configs = [
         ParityConfig(**{**PARITY, "max_steps": m}, lambda_p=lp, beta=b, lr=lr, seed=s, device="cuda",  # type: ignore[arg-type]
-                     iterations=30, eval_interval=10, compile="off")
+                     iterations=30, eval_interval=10, compile=compile)
         for m, lp, b, lr, s in ((5, 0.2, 0.01, 3e-3, 0), (3, 0.5, 0.1, 1e-2, 1), (4, 0.3, 0.05, 5e-3, 2))
     ]  # fmt: skip
     fused = FusedTrainer(4, "cuda")
     slots = [fused.join(c) for c in configs]
+    assert fused.compiled == (compile == "auto")
+    # compiled kernels sum in yet another order: agree to rounding, as `Trainer`'s compiled step does
+    rel, acc = (1e-4, 1e-6) if compile == "off" else (1e-3, 0.02)
     losses: dict[int, list[float]] = {s: [] for s in slots}
     reports: dict[int, list[dict[str, object]]] = {s: [] for s in slots}
     while fused.running:
@@ -150,13 +156,13 @@ def test_fused_members_on_cuda_compute_what_their_plain_cuda_runs_compute() -> N
         for slot, metrics in due.items():
             reports[slot].append(metrics)
     for slot, config in zip(slots, configs, strict=True):
-        plain = Trainer(config)
+        plain = Trainer(dataclasses.replace(config, compile="off"))
         plain_losses = []
         plain_reports = []
         for _ in range(config.iterations):
             plain_losses.append(plain.train_step().loss)
             if plain.iteration % config.eval_interval == 0:
                 plain_reports.append(plain.evaluate())
-        assert losses[slot] == pytest.approx(plain_losses, rel=1e-4, abs=1e-5)
+        assert losses[slot] == pytest.approx(plain_losses, rel=rel, abs=1e-5)
         for got, want in zip(reports[slot], plain_reports, strict=True):
-            assert got["test/halted_accuracy"] == pytest.approx(want["test/halted_accuracy"], abs=1e-6)
+            assert got["test/halted_accuracy"] == pytest.approx(want["test/halted_accuracy"], abs=acc)

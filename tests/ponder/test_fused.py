@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import math
+import threading
 from collections.abc import Callable
 
 import pytest
@@ -22,6 +24,7 @@ from ponder.fused_trainer import FusedTrainer
 from ponder.halting import log_geometric_prior, log_halting_distribution
 from ponder.model import PonderOutput
 from ponder.trainer import TIMING_KEYS, Metrics, Trainer, ponder_loss
+from tests.ponder.test_compile import COMPILES, shared_cache  # noqa: F401  (a fixture)
 
 TINY = {"n_elems": 6, "n_hidden": 16, "batch_size": 16, "eval_samples": 100, "device": "cpu"}
 RTOL, ATOL = 1e-4, 1e-5
@@ -116,6 +119,53 @@ def test_run_until_event_returns_the_metrics_as_they_fall_due() -> None:
         due = fused.run_until_event()
         events.append({slot: m["iteration"] for slot, m in due.items()})
     assert events == [{d: 5}, {a: 10, d: 10}, {d: 15}, {a: 20, d: 20}, {d: 25}, {a: 30, d: 30}]
+
+
+def test_a_group_compiles_as_its_members_compile_says_on_its_device() -> None:
+    """``auto`` is eager on a CPU, as for a plain run; ``on`` compiles; members that differ in it
+    cannot share a group (one step runs them all)."""
+    eager = FusedTrainer(2, "cpu")
+    eager.join(A)  # compile = "auto": eager on the CPU
+    assert not eager.compiled
+    with pytest.raises(ValueError, match="compile is 'on' but this fused group's is 'auto'"):
+        eager.join(_config(compile="on"))
+    on = FusedTrainer(2, "cpu")
+    on.join(_config(compile="on"))
+    assert on.compiled  # nothing compiled yet: torch.compile waits for the first step
+    assert FusedTrainer(2, "cpu", compile=False).compiled is False
+
+
+@pytest.mark.slow
+@COMPILES
+@pytest.mark.usefixtures("shared_cache")
+def test_compiled_members_train_in_a_thread_as_their_plain_eager_runs() -> None:
+    """``compile = "on"``: the group's step compiled (every slot to the longest max_steps, a free
+    slot padded), stepped in a thread of its own as a fuser steps it: each member's losses and
+    reports are still its plain eager run's."""
+    configs = [dataclasses.replace(c, compile="on", iterations=10, eval_interval=5) for c in (A, B)]
+    fused = FusedTrainer(3, "cpu")
+    slots = [fused.join(c) for c in configs]
+    assert fused.compiled
+    losses: dict[int, list[float]] = {slot: [] for slot in slots}
+    reports: dict[int, list[Metrics]] = {slot: [] for slot in slots}
+
+    def train() -> None:
+        while fused.running:
+            due = fused.step()
+            for slot, result in fused.last_results.items():
+                losses[slot].append(result.loss)
+            for slot, metrics in due.items():
+                reports[slot].append(metrics)
+
+    worker = threading.Thread(target=train)
+    worker.start()
+    worker.join()
+    for slot, config in zip(slots, configs, strict=True):
+        plain_losses, plain_reports = _plain(dataclasses.replace(config, compile="off"))
+        _assert_same_losses(losses[slot], plain_losses)
+        assert len(reports[slot]) == len(plain_reports) == 2
+        for got, want in zip(reports[slot], plain_reports, strict=True):
+            _assert_same_metrics(got, want)
 
 
 def test_a_held_member_waits_and_goes_on_as_its_plain_run() -> None:

@@ -58,6 +58,7 @@ def test_check_says_how_a_fused_spec_places_its_trials(tmp_path: Path) -> None:
     rc, out, _ = run_check(str(spec), "--no-estimate", "--storage", str(tmp_path))
     assert rc == 0, out
     assert "fused: up to 8 trials trained as one model per CPU group" in out
+    assert "a group's step runs eager (compile = 'auto')" in out  # auto compiles on CUDA only
     assert "each trial reserves 0.125 CPU" in out
     assert "raise [search] max_concurrent to 8" in out  # the smoke spec runs 2 at once
 
