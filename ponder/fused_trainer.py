@@ -86,10 +86,12 @@ class FusedTrainer:
     keeps one shape. Eager, a member stops costing arithmetic after its own max_steps. None (the
     default): as the members' ``compile`` says (`ponder.compiled.should_compile`, decided when
     the first member joins; ``compile`` is one of `ponder.fused.FUSED_KEY_FIELDS`).
+    ``unroll``: compiled, unroll at least this many steps from the start (the longest max_steps
+    the members may have, where the caller knows it: one compile, not one per longer member).
     """
 
     def __init__(
-        self, capacity: int, device: str | torch.device = "auto", compile: bool | None = None
+        self, capacity: int, device: str | torch.device = "auto", compile: bool | None = None, unroll: int = 0
     ) -> None:
         if capacity < 1:
             raise ValueError(f"capacity must be >= 1, got {capacity}")
@@ -107,6 +109,7 @@ class FusedTrainer:
         self._plan: _Plan | None = None
         self._forward_loss: Callable[..., tuple[torch.Tensor, ...]] = fused_forward_loss
         self._compiled_steps = 0  # the longest unroll compiled so far
+        self._unroll = unroll
         if compile:
             self._use_compiled()
         self.last_results: dict[int, StepResult] = {}
@@ -131,6 +134,13 @@ class FusedTrainer:
     def release(self, slot: int) -> None:
         """Let a held member train again from where it was held."""
         self._member(slot).held = False
+
+    @property
+    def unrolled_steps(self) -> int:
+        """N, the steps the next iteration unrolls (0 with no member running): eager, the longest
+        running member's max_steps; compiled, at least ``unroll``, in steps of `COMPILED_STEPS`."""
+        members = [self._members[s] for s in self.running]
+        return self._current_plan(members).n_steps if members else 0
 
     @property
     def free_slots(self) -> list[int]:
@@ -390,7 +400,7 @@ class FusedTrainer:
         if self.compiled:  # N only grows: each new N is a compile, a shorter one would be another;
             # and in steps of COMPILED_STEPS, so that a study's max_steps of 4-20 compile at most 5
             # times, within torch.compile's 8 shapes a process (past them it runs eagerly, silently)
-            n_steps = -(-n_steps // COMPILED_STEPS) * COMPILED_STEPS
+            n_steps = -(-max(n_steps, self._unroll) // COMPILED_STEPS) * COMPILED_STEPS
             n_steps = self._compiled_steps = max(n_steps, self._compiled_steps)
         dev = self.device
         priors = [

@@ -88,13 +88,13 @@ class Fuser:
     trip through Tune then costs the group nothing; a trial that ASHA stopped costs it at most one
     report's iterations before its member is held and its slot can go."""
 
-    def __init__(self, capacity: int, threads: int) -> None:
+    def __init__(self, capacity: int, threads: int, unroll: int = 0) -> None:
         import torch
 
         from ponder.fused_trainer import FusedTrainer
 
         torch.set_num_threads(threads)
-        self._group = FusedTrainer(capacity, "auto")
+        self._group = FusedTrainer(capacity, "auto", unroll=unroll)
         self._members: dict[str, _Slot] = {}
         self._requests: queue.SimpleQueue[tuple[Callable[[], Any], Future[Any]]] = queue.SimpleQueue()
         self._wake = threading.Event()
@@ -255,8 +255,9 @@ class FuserRegistry:
     fuser ends with it. Never more fusers than that: two groups on the same CPUs would each train
     at half speed, so a trial finding them all full waits for a slot (`FusedRun`)."""
 
-    def __init__(self, capacity: int, threads: int, group_cpus: float) -> None:
+    def __init__(self, capacity: int, threads: int, group_cpus: float, unroll: int = 0) -> None:
         self._capacity, self._threads, self._group_cpus = capacity, threads, group_cpus
+        self._unroll = unroll  # the study's longest max_steps: a compiled group compiles once
         self._fusers: dict[tuple[str, str, str], list[Any]] = {}
 
     def place(
@@ -276,7 +277,7 @@ class FuserRegistry:
                 return answer, fuser if answer == "joined" else None
         if len(fusers) >= self._fusers_allowed(node_id, gpu):
             return "full", None
-        fuser = _new_fuser(self._capacity, self._threads, node_id, gpu)
+        fuser = _new_fuser(self._capacity, self._threads, self._unroll, node_id, gpu)
         fusers.append(fuser)
         answer = ray.get(fuser.join.remote(trial_id, config, state))
         return answer, fuser if answer == "joined" else None
@@ -320,7 +321,7 @@ def _shape(config: dict[str, Any]) -> str:
     return repr(fusable_key(config_from_dict(dict(config))))
 
 
-def _new_fuser(capacity: int, threads: int, node_id: str, gpu: str | None) -> Any:
+def _new_fuser(capacity: int, threads: int, unroll: int, node_id: str, gpu: str | None) -> Any:
     """A fuser on ``node_id``, seeing only GPU ``gpu`` (Ray's id) if one is given. It reserves
     nothing: its members' trials hold the CPUs and the GPU it uses."""
     options: dict[str, Any] = {
@@ -330,18 +331,21 @@ def _new_fuser(capacity: int, threads: int, node_id: str, gpu: str | None) -> An
     }
     if gpu is not None:
         options["runtime_env"] = {"env_vars": {"CUDA_VISIBLE_DEVICES": gpu}}
-    return ray.remote(Fuser).options(**options).remote(capacity, threads)
+    return ray.remote(Fuser).options(**options).remote(capacity, threads, unroll)
 
 
 _registries: list[Any] = []
 """The driver's registries' handles, held so that none is collected while the driver runs."""
 
 
-def start_fusion(capacity: int, threads: int, group_cpus: float) -> tuple[Fusion, Any]:
+def start_fusion(capacity: int, threads: int, group_cpus: float, unroll: int = 0) -> tuple[Fusion, Any]:
     """Start the driver's `FuserRegistry`: (what the trainables need, the registry's handle). The
-    driver owns it, and it owns the fusers: all end when the driver disconnects from Ray."""
+    driver owns it, and it owns the fusers: all end when the driver disconnects from Ray.
+    ``unroll``: the study's longest max_steps (`ponder.fused_trainer.FusedTrainer`'s)."""
     name = f"ponder-fusers-{uuid.uuid4().hex[:12]}"
-    registry = ray.remote(FuserRegistry).options(name=name, num_cpus=0).remote(capacity, threads, group_cpus)
+    registry = (
+        ray.remote(FuserRegistry).options(name=name, num_cpus=0).remote(capacity, threads, group_cpus, unroll)
+    )
     _registries.append(registry)
     return Fusion(name, capacity, threads), registry
 

@@ -112,7 +112,8 @@ def _trainable(spec: StudySpec, paths: StudyPaths) -> Any:
     here and owns (it ends with the driver)."""
     res, fusion = spec.resources, None
     if res.fuse > 1:
-        fusion, _ = start_fusion(res.fuse, threads=max(1, int(res.cpu)), group_cpus=res.cpu)
+        threads = max(1, int(res.cpu))
+        fusion, _ = start_fusion(res.fuse, threads, group_cpus=res.cpu, unroll=spec.longest_max_steps)
     fn = tune.with_parameters(
         train_trial,
         objectives=dict(spec.objectives),

@@ -271,6 +271,18 @@ class StudySpec:
         return value
 
     @property
+    def longest_max_steps(self) -> int:
+        """The longest ``max_steps`` a trial can have: the searched range's top or largest listed
+        value, else the fixed one or the task's default (a compiled fused group unrolls that many
+        steps from its start, so it compiles once)."""
+        for d in self.space:
+            if d.name == "max_steps":
+                return int(max(d.values) if d.values is not None else d.high)  # type: ignore[arg-type]
+        value = self.config.get("max_steps", _field_default(self.task, "max_steps"))
+        assert isinstance(value, int)
+        return value
+
+    @property
     def eval_interval(self) -> int:
         """Training iterations between a trial's reports: ``[config] eval_interval`` or the default."""
         value = self.config.get("eval_interval", _field_default(self.task, "eval_interval"))

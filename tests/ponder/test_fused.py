@@ -20,7 +20,7 @@ from ponder.fused import (
     padded_log_prior,
 )
 from ponder.fused_adam import RowAdam
-from ponder.fused_trainer import FusedTrainer
+from ponder.fused_trainer import COMPILED_STEPS, FusedTrainer
 from ponder.halting import log_geometric_prior, log_halting_distribution
 from ponder.model import PonderOutput
 from ponder.trainer import TIMING_KEYS, Metrics, Trainer, ponder_loss
@@ -133,6 +133,24 @@ def test_a_group_compiles_as_its_members_compile_says_on_its_device() -> None:
     on.join(_config(compile="on"))
     assert on.compiled  # nothing compiled yet: torch.compile waits for the first step
     assert FusedTrainer(2, "cpu", compile=False).compiled is False
+
+
+def test_a_compiled_group_unrolls_the_longest_steps_it_was_told_of_so_it_compiles_once() -> None:
+    """Eager, a group unrolls its longest running member's steps; compiled, one shape: the study's
+    longest max_steps from the start (``unroll``), in steps of COMPILED_STEPS, never fewer later."""
+    eager = FusedTrainer(3, "cpu", compile=False, unroll=12)
+    eager.join(A)  # max_steps 6
+    assert eager.unrolled_steps == 6
+    compiled = FusedTrainer(3, "cpu", compile=True, unroll=12)
+    assert compiled.unrolled_steps == 0  # no member
+    slot = compiled.join(A)
+    assert compiled.unrolled_steps == 12
+    compiled.join(_config(max_steps=13))  # longer than it was told: the next multiple of 4
+    assert compiled.unrolled_steps == 16 == -(-13 // COMPILED_STEPS) * COMPILED_STEPS
+    compiled.leave(compiled.slots[-1])
+    compiled.hold(slot)
+    compiled.join(B)  # max_steps 4: the compiled shape stays
+    assert compiled.unrolled_steps == 16
 
 
 @pytest.mark.slow

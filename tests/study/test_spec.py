@@ -180,6 +180,16 @@ def test_iterations_default_to_the_dataclass_and_grace_to_a_quarter_on_the_grid(
     assert spec.scheduler.grace_period == 4800  # 5000 rounded down to a multiple of 300
 
 
+def test_the_longest_max_steps_is_the_spaces_top_else_the_fixed_value_else_the_default() -> None:
+    assert parse_spec(make(), "small").longest_max_steps == 6  # the range's top
+    listed = make(space="[space.max_steps]\nvalues = [3, 9, 5]")
+    assert parse_spec(listed, "listed").longest_max_steps == 9
+    fixed = make(config=PARTS["config"] + "\nmax_steps = 7", space="[space.lambda_p]\nlow = 0.1\nhigh = 0.9")
+    assert parse_spec(fixed, "fixed").longest_max_steps == 7
+    default = make(space="[space.lambda_p]\nlow = 0.1\nhigh = 0.9")
+    assert parse_spec(default, "default").longest_max_steps == ParityConfig().max_steps
+
+
 # -- bad specs -----------------------------------------------------------------------------------
 ACC_MAX, STEPS_MIN = '"test/halted_accuracy" = "max"', '"test/mean_halting_step" = "min"'
 
