@@ -12,7 +12,9 @@ trials (reports and evaluations included, iterations past a trial's last report 
   as the unfused trials take a core each), or with ``--gpu`` one group on the GPU (``gpu = 1``).
 
 The runs alternate (unfused, fused; ``--rounds`` times) so a machine whose speed drifts slows both.
-Prints a row per run and, last, ``ratio <fused / unfused member-iterations per second>`` (medians).
+Prints a row per run (``first s``: from the launch to the study's first report, Ray's start and
+the first ``eval_interval`` of training included) and, last, ``ratio <fused / unfused
+member-iterations per second>`` (medians).
 
     .venv/bin/python bench/fused_throughput.py --seconds 120 --fuse 8
     .venv/bin/python bench/fused_throughput.py --seconds 120 --fuse 256 --gpu 0.25 --num-samples 1024
@@ -78,14 +80,15 @@ reduction_factor = 3
 """
 
 
-def run_for(args: argparse.Namespace, fused: bool, where: Path) -> tuple[int, int, float]:
-    """Run the study for ``--seconds`` then Ctrl-C: (member-iterations, trials that reported, wall s)."""
+def run_for(args: argparse.Namespace, fused: bool, where: Path) -> tuple[int, int, float, float]:
+    """Run the study for ``--seconds`` then Ctrl-C: (member-iterations, trials that reported, wall s,
+    seconds to the first report)."""
     where.mkdir(parents=True)
     spec = where / f"{NAME}.toml"
     spec.write_text(spec_text(args, fused))
     cmd = [sys.executable, "-m", "study", "run", str(spec), "--storage", str(where / "s"), "--quiet"]
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    start = time.monotonic()
+    start, launched = time.monotonic(), time.time()
     with (where / "driver.log").open("w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env=env)
         try:
@@ -96,7 +99,8 @@ def run_for(args: argparse.Namespace, fused: bool, where: Path) -> tuple[int, in
         proc.wait(300)
     history = pd.read_parquet(where / "s" / "history" / f"study={NAME}")
     last = history.groupby("trial_id")["iteration"].max()
-    return int(last.sum()), len(last), wall
+    first = history["timestamp"].min().timestamp() - launched  # Tune's timestamps are whole seconds
+    return int(last.sum()), len(last), wall, first
 
 
 def main() -> None:
@@ -113,16 +117,19 @@ def main() -> None:
     args = p.parse_args()
     where = Path(tempfile.mkdtemp(prefix="fused-throughput-"))
     rates: dict[bool, list[float]] = {False: [], True: []}
-    print(f"{'run':<10} {'member-iterations':>18} {'trials':>7} {'wall s':>7} {'per s':>9}", flush=True)
+    print(
+        f"{'run':<10} {'member-iterations':>18} {'trials':>7} {'wall s':>7} {'first s':>8} {'per s':>9}",
+        flush=True,
+    )
     for r in range(args.rounds):
         for fused in (False, True):
-            iterations, trials, wall = run_for(args, fused, where / f"{r}-{'fused' if fused else 'unfused'}")
+            iterations, trials, wall, first = run_for(
+                args, fused, where / f"{r}-{'fused' if fused else 'unfused'}"
+            )
             rates[fused].append(iterations / wall)
             label = f"fused K={args.fuse}" if fused else "unfused"
-            print(
-                f"{label:<10} {iterations:>18,} {trials:>7} {wall:>7.1f} {iterations / wall:>9.1f}",
-                flush=True,
-            )
+            row = f"{label:<10} {iterations:>18,} {trials:>7} {wall:>7.1f} {first:>8.0f}"
+            print(f"{row} {iterations / wall:>9.1f}", flush=True)
     print(f"storage {where}")
     print(f"ratio {statistics.median(rates[True]) / statistics.median(rates[False]):.2f}")
 
