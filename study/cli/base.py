@@ -30,6 +30,7 @@ __all__ = [
     "WordsCommand",
     "add_address",
     "add_storage",
+    "caused_by_ctrl_c",
     "fail",
     "must_exist",
     "output_closed",
@@ -102,6 +103,21 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def caused_by_ctrl_c(error: BaseException) -> bool:
+    """Whether ``error`` wraps a Ctrl-C (a stop signal): Python 3.11 turns a KeyboardInterrupt
+    raised inside a class body's ``__set_name__`` into a RuntimeError whose cause it is, so a
+    Ctrl-C landing while a module defines such a class (``import ray.tune`` does) reads as an
+    error unless its causes are looked at."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        if isinstance(current, KeyboardInterrupt):
+            return True
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return False
 
 
 _output_closed = False

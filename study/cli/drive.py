@@ -25,6 +25,7 @@ from study.cli.base import (
     Command,
     add_address,
     add_storage,
+    caused_by_ctrl_c,
     fail,
     must_exist,
     output_closed,
@@ -82,6 +83,9 @@ class Driver(Command):
         except _refused() as e:
             fail(str(e))
         except Exception as e:  # a full disk, a storage outage, a bug: one line, the traceback kept
+            if caused_by_ctrl_c(e):  # a Ctrl-C inside an import's class body (`caused_by_ctrl_c`)
+                print(f"{PROG}: interrupted; {then.hint()}", file=sys.stderr)
+                return EXIT_INTERRUPTED
             if output_closed(e):  # a pipe into `head` that has its lines, a pager that quit
                 print(
                     f"{PROG}: its output was closed (its reader exited), so it stopped; {then.hint()}",

@@ -15,6 +15,7 @@ from study.cli.base import (
     PROG,
     Command,
     add_storage,
+    caused_by_ctrl_c,
     fail,
     must_exist,
     output_closed,
@@ -59,6 +60,11 @@ class StudyReader(Command):
             except (SpecError, LeaseHeld) as e:
                 fail(str(e))
         except KeyboardInterrupt:  # these commands change no study: running them again is the cure
+            print(f"{PROG}: interrupted{self.interrupted}; run it again: {run_again()}", file=sys.stderr)
+            return EXIT_INTERRUPTED
+        except Exception as e:
+            if not caused_by_ctrl_c(e):  # a Ctrl-C inside an import's class body, else a bug
+                raise
             print(f"{PROG}: interrupted{self.interrupted}; run it again: {run_again()}", file=sys.stderr)
             return EXIT_INTERRUPTED
 

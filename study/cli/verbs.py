@@ -32,6 +32,7 @@ from study.cli.base import (
     Parser,
     Versions,
     WordsCommand,
+    caused_by_ctrl_c,
     fail,
     output_closed,
     storage_arg,
@@ -154,6 +155,11 @@ def entry() -> NoReturn:
         if not isinstance(e.code, int) and e.code is not None:
             print(e.code, file=sys.stderr)
     except KeyboardInterrupt:  # before a command's own handling began (its arguments being read)
+        print(f"{PROG}: interrupted before it started; run it again: {run_again()}", file=sys.stderr)
+        code = EXIT_INTERRUPTED
+    except RuntimeError as e:  # the same, inside an import's class body (`caused_by_ctrl_c`)
+        if not caused_by_ctrl_c(e):
+            raise
         print(f"{PROG}: interrupted before it started; run it again: {run_again()}", file=sys.stderr)
         code = EXIT_INTERRUPTED
     except OSError as e:  # one no verb answered: its output's reader gone, or a full disk under it

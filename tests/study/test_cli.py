@@ -713,6 +713,76 @@ def test_a_stop_swallowed_where_python_cannot_raise_is_silent_and_raised_again(
     assert shown is None or shown in done.stderr, done.stderr
 
 
+_STOPPED_IN_AN_IMPORT = """
+import os, signal, sys
+import study.cli.drive as drive
+import study.cli.verbs as cli
+from study.run.stops import install_stop_handlers
+
+install_stop_handlers()
+
+
+class Field:  # a descriptor as pydantic's, in a class body as ray.data's (imported by ray.tune)
+    def __set_name__(self, owner, name):
+        os.kill(os.getpid(), signal.{how})  # the stop lands here: Python 3.11 wraps it
+        for _ in range(100_000):
+            pass
+
+
+def importing_the_runner():
+    class Catalog:
+        token = Field()
+
+
+drive._runner = importing_the_runner
+sys.argv = ["ponder-study", "run", "parity-smoke", "--storage", sys.argv[1]]
+cli.entry()
+"""
+
+
+@pytest.mark.parametrize("how", ["SIGINT", "SIGTERM"])
+def test_a_stop_inside_an_imports_class_body_is_an_interruption_not_an_error(
+    how: str, tmp_path: Path
+) -> None:
+    """A Ctrl-C 1 s into a resume, while ``import ray.tune`` defined a class, was reported as
+    "error: RuntimeError: Error calling __set_name__ ..." (seen in the signals campaign): Python
+    3.11 wraps a KeyboardInterrupt raised there. A real signal, the command's own handlers."""
+    script = _STOPPED_IN_AN_IMPORT.replace("{how}", how)
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True, cwd=REPO, timeout=60
+    )
+    assert done.returncode == 130, done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("ponder-study: interrupted; "), done.stderr
+    assert f"--storage {tmp_path}" in last and "error" not in last, done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_caused_by_ctrl_c_reads_the_whole_chain_of_causes() -> None:
+    from study.cli.base import caused_by_ctrl_c
+
+    def wrapped() -> RuntimeError:
+        try:
+            try:
+                raise KeyboardInterrupt
+            except KeyboardInterrupt as stop:
+                raise RuntimeError("Error calling __set_name__") from stop
+        except RuntimeError as outer:
+            try:
+                raise ValueError("while handling it") from None
+            except ValueError:
+                return outer
+
+    assert caused_by_ctrl_c(wrapped())
+    assert caused_by_ctrl_c(ValueError().with_traceback(None)) is False
+    handled = ValueError("raised while handling")
+    handled.__context__ = KeyboardInterrupt()
+    assert caused_by_ctrl_c(handled)
+    loop = RuntimeError("a cycle")
+    loop.__context__ = loop
+    assert not caused_by_ctrl_c(loop)
+
+
 _STOPPED_WHILE_PARSING = """
 import os, signal, sys
 import study.cli.verbs as cli
