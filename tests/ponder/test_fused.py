@@ -160,7 +160,11 @@ def test_compiled_members_train_in_a_thread_as_their_plain_eager_runs() -> None:
     """``compile = "on"``: the group's step compiled (every slot to the longest max_steps, a free
     slot padded), stepped in a thread of its own as a fuser steps it: each member's losses and
     reports are still its plain eager run's."""
-    configs = [dataclasses.replace(c, compile="on", iterations=10, eval_interval=5) for c in (A, B)]
+    # 3 and 2 steps: a short unroll (4, a free slot padded too) compiles in half the time of 8
+    configs = [
+        dataclasses.replace(c, compile="on", iterations=10, eval_interval=5, max_steps=n)
+        for c, n in ((A, 3), (B, 2))
+    ]
     fused = FusedTrainer(3, "cpu")
     slots = [fused.join(c) for c in configs]
     assert fused.compiled
