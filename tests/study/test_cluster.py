@@ -209,15 +209,16 @@ def test_a_lost_node_costs_only_the_work_since_the_last_checkpoint(
 
 
 def test_fused_trials_train_one_group_per_node_and_gpu(cluster: LocalCluster, s3: S3, tmp_path: Path) -> None:
-    """``fuse = 4`` on the two GPU workers: each trial reserves a quarter of a group's CPUs and GPU,
-    each node and GPU trains its trials as one group (never a group across two), and every
-    trial is still its own row, reports and checkpoint, on S3."""
+    """``fuse = 2`` on the two GPU workers: each trial reserves half a group's CPUs and GPU, so a
+    worker's 2 CPUs hold 2 trials and the 8 trials wanted at once need both workers; each node and
+    GPU trains its trials as one group (never a group across two), and every trial is still its
+    own row, reports and checkpoint, on S3."""
     bucket = s3.bucket()
     storage = f"{bucket}/ponder"
     spec = _spec(tmp_path, iterations=200, eval_interval=50, grace=100, num_samples=8)
     spec.write_text(
         spec.read_text()
-        .replace("gpu = 0.5\n", "gpu = 1\nfuse = 4\n")
+        .replace("gpu = 0.5\n", "gpu = 1\nfuse = 2\n")
         .replace("cpu = 1\n", "cpu = 2\n")
         .replace("max_concurrent = 4", "max_concurrent = 8")
     )
