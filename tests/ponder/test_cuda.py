@@ -14,6 +14,7 @@ from ponder.config import MnistConfig, ParityConfig
 from ponder.data.mnist import MnistData
 from ponder.gru import gru_unroll
 from ponder.trainer import Trainer
+from tests.ponder.test_fused import _plain, train_to_end
 from tests.ponder.test_trainer import _digits
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
@@ -147,22 +148,9 @@ def test_fused_members_on_cuda_compute_what_their_plain_cuda_runs_compute(compil
     assert fused.compiled == (compile == "auto")
     # compiled kernels sum in yet another order: agree to rounding, as `Trainer`'s compiled step does
     rel, acc = (1e-4, 1e-6) if compile == "off" else (1e-3, 0.02)
-    losses: dict[int, list[float]] = {s: [] for s in slots}
-    reports: dict[int, list[dict[str, object]]] = {s: [] for s in slots}
-    while fused.running:
-        due = fused.step()
-        for slot, result in fused.last_results.items():
-            losses[slot].append(result.loss)
-        for slot, metrics in due.items():
-            reports[slot].append(metrics)
+    losses, reports = train_to_end(fused)
     for slot, config in zip(slots, configs, strict=True):
-        plain = Trainer(dataclasses.replace(config, compile="off"))
-        plain_losses = []
-        plain_reports = []
-        for _ in range(config.iterations):
-            plain_losses.append(plain.train_step().loss)
-            if plain.iteration % config.eval_interval == 0:
-                plain_reports.append(plain.evaluate())
+        plain_losses, plain_reports = _plain(dataclasses.replace(config, compile="off"))
         assert losses[slot] == pytest.approx(plain_losses, rel=rel, abs=1e-5)
         for got, want in zip(reports[slot], plain_reports, strict=True):
             assert got["test/halted_accuracy"] == pytest.approx(want["test/halted_accuracy"], abs=acc)

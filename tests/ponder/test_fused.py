@@ -6,6 +6,7 @@ import dataclasses
 import io
 import math
 import threading
+from collections import defaultdict
 from collections.abc import Callable
 
 import pytest
@@ -60,6 +61,20 @@ def _plain(config: ParityConfig) -> tuple[list[float], list[Metrics]]:
     trainer = Trainer(config)
     losses = _recording(trainer)
     return losses, list(trainer.run())
+
+
+def train_to_end(fused: FusedTrainer) -> tuple[dict[int, list[float]], dict[int, list[Metrics]]]:
+    """Step the group until no member runs: each slot's loss at every iteration it trained, and
+    the metrics that fell due for it, by slot."""
+    losses: dict[int, list[float]] = defaultdict(list)
+    reports: dict[int, list[Metrics]] = defaultdict(list)
+    while fused.running:
+        due = fused.step()
+        for slot, result in fused.last_results.items():
+            losses[slot].append(result.loss)
+        for slot, metrics in due.items():
+            reports[slot].append(metrics)
+    return losses, reports
 
 
 def _assert_same_metrics(fused: Metrics, plain: Metrics) -> None:
@@ -168,20 +183,11 @@ def test_compiled_members_train_in_a_thread_as_their_plain_eager_runs() -> None:
     fused = FusedTrainer(3, "cpu")
     slots = [fused.join(c) for c in configs]
     assert fused.compiled
-    losses: dict[int, list[float]] = {slot: [] for slot in slots}
-    reports: dict[int, list[Metrics]] = {slot: [] for slot in slots}
-
-    def train() -> None:
-        while fused.running:
-            due = fused.step()
-            for slot, result in fused.last_results.items():
-                losses[slot].append(result.loss)
-            for slot, metrics in due.items():
-                reports[slot].append(metrics)
-
-    worker = threading.Thread(target=train)
+    trained: list[tuple[dict[int, list[float]], dict[int, list[Metrics]]]] = []
+    worker = threading.Thread(target=lambda: trained.append(train_to_end(fused)))
     worker.start()
     worker.join()
+    (losses, reports) = trained[0]
     for slot, config in zip(slots, configs, strict=True):
         plain_losses, plain_reports = _plain(dataclasses.replace(config, compile="off"))
         _assert_same_losses(losses[slot], plain_losses)
@@ -308,15 +314,7 @@ def test_a_diverging_member_leaves_the_others_as_their_plain_runs(how: str) -> N
         bad_trainer = fused.trainer(bad)
         bad_trainer.sample_batch = _poisoned(bad_trainer.sample_batch)
         plain_bad.sample_batch = _poisoned(plain_bad.sample_batch)
-    losses: dict[int, list[float]] = {a: [], b: []}
-    reports: dict[int, list[Metrics]] = {a: [], bad: [], b: []}
-    while fused.running:
-        due = fused.step()
-        for slot in losses:
-            if slot in fused.last_results:
-                losses[slot].append(fused.last_results[slot].loss)
-        for slot, metrics in due.items():
-            reports[slot].append(metrics)
+    losses, reports = train_to_end(fused)
     for slot, config in ((a, A), (b, B)):
         plain_losses, plain_reports = _plain(config)
         _assert_same_losses(losses[slot], plain_losses)
