@@ -111,15 +111,11 @@ def _trainable(spec: StudySpec, paths: StudyPaths) -> Any:
     reserves 1/K of ``[resources]`` and is trained by its device's fuser, which this driver starts
     here and owns (it ends with the driver)."""
     res, fusion = spec.resources, None
+    threads = max(1, int(res.cpu))  # a trial's torch threads, or a fused group's
     if res.fuse > 1:
-        threads = max(1, int(res.cpu))
         fusion, _ = start_fusion(res.fuse, threads, group_cpus=res.cpu, unroll=spec.longest_max_steps)
     fn = tune.with_parameters(
-        train_trial,
-        objectives=dict(spec.objectives),
-        paths=paths,
-        threads=max(1, int(res.cpu)),
-        fusion=fusion,
+        train_trial, objectives=dict(spec.objectives), paths=paths, threads=threads, fusion=fusion
     )
     share = res.fuse  # a fused group's members share its CPUs and GPU
     return tune.with_resources(fn, {"cpu": res.cpu / share, "gpu": res.gpu / share})
