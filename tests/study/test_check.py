@@ -61,6 +61,12 @@ def test_check_says_how_a_fused_spec_places_its_trials(tmp_path: Path) -> None:
     assert "a group's step runs eager (compile = 'auto')" in out  # auto compiles on CUDA only
     assert "each trial reserves 0.125 CPU" in out
     assert "raise [search] max_concurrent to 8" in out  # the smoke spec runs 2 at once
+    gpu = tmp_path / "fused-gpu.toml"
+    gpu.write_text(source.replace("gpu = 0\n", "gpu = 1\n"))
+    rc, out, _ = run_check(str(gpu), "--no-estimate", "--storage", str(tmp_path))
+    assert rc == 0, out
+    assert "fused: up to 8 trials trained as one model per GPU" in out
+    assert "a group's step runs compiled (compile = 'auto')" in out  # as a plain trial's on CUDA
 
 
 def test_without_the_estimate_neither_torch_nor_ray_is_imported(tmp_path: Path) -> None:
