@@ -10,6 +10,7 @@ never imported.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import shlex
@@ -24,10 +25,22 @@ from study.spec.spec import Dimension, StudySpec, load_spec
 from study.storage.commands import command_name
 from study.storage.storage import StudyPaths, has_scheme
 
-__all__ = ["Estimate", "asha_milestones", "check_spec", "least_trial_iterations", "measure", "trials_at_once"]
+__all__ = [
+    "Estimate",
+    "asha_milestones",
+    "check_spec",
+    "group_members",
+    "least_trial_iterations",
+    "measure",
+    "trials_at_once",
+    "wall_seconds",
+]
 
 ESTIMATE_BUDGET_S = 2.0
 """Time spent training at most, for the estimate (plus building the task and one evaluation)."""
+TIMED_MEMBERS = 16
+"""A fused group's estimate times at most this many members: per member-iteration, a larger group
+costs about what 16 do on a CPU (`bench/fused_speed.py`: K = 8 and 16 within 2%)."""
 
 
 def check_spec(spec_arg: str, storage: str | None = None, *, estimate: bool = True) -> str:
@@ -134,31 +147,54 @@ def _results(spec: StudySpec) -> list[str]:
 
 def _wall_time(spec: StudySpec, fit: int, least: int) -> list[str]:
     """The wall-time estimate in lines, from iterations timed here (`measure`), ``fit`` trials at
-    once; ``least`` trial-iterations is the budget ASHA could cut to."""
+    once (with ``fuse``, in groups that each train as one model); ``least`` trial-iterations is the
+    budget ASHA could cut to."""
     n, iters = spec.search.num_samples, spec.iterations
     full = n * iters
+    fit = min(fit, n)  # a study of fewer trials than fit runs them all at once
+    members = group_members(spec, fit)
     try:
-        e = measure(spec)
+        e = measure(spec, members=members)
     except Exception as exc:  # the estimate is a courtesy: a task it cannot build here is no spec error
         return [f"wall time: no estimate ({type(exc).__name__}: {' '.join(str(exc).split())[:200]})"]
-    per_trial_evals = math.ceil(iters / spec.eval_interval)
-    at_once = max(fit, 1)
+    evaluations = math.ceil(iters / spec.eval_interval) * n
+    at_once = max(fit, 1) // members  # trials, or fused groups: what trains side by side
 
     def wall(trial_iterations: int) -> float:
-        evals = per_trial_evals * n * trial_iterations / full
-        return (trial_iterations * e.s_per_iteration + evals * e.s_per_evaluation) / at_once
+        return wall_seconds(e, trial_iterations, evaluations * trial_iterations / full, at_once)
 
+    timed = f"{e.s_per_iteration * 1e3:.1f} ms an iteration"
+    if e.members > 1:
+        timed = (
+            f"{e.s_per_iteration * 1e3:.1f} ms a member-iteration (a fused iteration of {e.members} "
+            f"members: {e.s_per_iteration * e.members * 1e3:.0f} ms)"
+        )
     lines = [
-        f"wall time, an ESTIMATE: {e.s_per_iteration * 1e3:.1f} ms an iteration and "
-        f"{e.s_per_evaluation * 1e3:.0f} ms an evaluation, measured here on {e.device} "
-        f"({e.iterations} iterations at {e.at}, {e.threads} thread(s), eager)"
+        f"wall time, an ESTIMATE: {timed} and {e.s_per_evaluation * 1e3:.0f} ms an evaluation, "
+        f"measured here on {e.device} ({e.iterations} iterations at {e.at}, {e.threads} thread(s), eager)"
     ]
     span = f"{_duration(wall(full))}" + (f" (ASHA at best: {_duration(wall(least))})" if least < full else "")
-    lines.append(f"  {n} trials, {at_once} at once: about {span} of training and evaluation")
+    side_by_side = f"{at_once} at once"
+    if members > 1:
+        side_by_side = f"{at_once} group{'s' if at_once > 1 else ''} of {members} at once"
+    lines.append(f"  {n} trials, {side_by_side}: about {span} of training and evaluation")
     lines.append("  not counted: Ray's start (~10 s), per-trial set-up, other load on the machine")
     if spec.resources.gpu > 0 and e.device == "cpu":
         lines.append("  the trials ask for GPUs and none is here: on a GPU they run at another speed")
     return lines
+
+
+def group_members(spec: StudySpec, fit: int) -> int:
+    """Trials a fused group of ``spec`` trains at once on this machine (``fit`` trials at once in
+    all): ``fuse``, or fewer where fewer trials run at once; 1 without fusion."""
+    return max(1, min(spec.resources.fuse, fit, spec.search.max_concurrent))
+
+
+def wall_seconds(e: Estimate, trial_iterations: float, evaluations: float, side_by_side: int) -> float:
+    """Seconds to train ``trial_iterations`` and make ``evaluations`` with ``side_by_side`` trials
+    (or fused groups, whose member-iterations `measure` timed) training at once. A fused group
+    evaluates its members one after another, so an evaluation costs a group what it costs a trial."""
+    return (trial_iterations * e.s_per_iteration + evaluations * e.s_per_evaluation) / max(side_by_side, 1)
 
 
 def asha_milestones(grace: int, max_t: int, factor: float, brackets: int = 1) -> list[int]:
@@ -190,43 +226,56 @@ class Estimate:
     """Seconds a training iteration and an evaluation took here, at one point of the space."""
 
     s_per_iteration: float
+    """Seconds a training iteration took; fused, a member-iteration (a fused iteration / members)."""
     s_per_evaluation: float
     iterations: int
     device: str
     threads: int
     at: str
     """The point of the space timed (``lambda_p=0.21, max_steps=12``)."""
+    members: int = 1
+    """Members of the fused group timed (1: a plain `Trainer`)."""
 
 
-def measure(spec: StudySpec, budget_s: float = ESTIMATE_BUDGET_S) -> Estimate:
+def measure(spec: StudySpec, budget_s: float = ESTIMATE_BUDGET_S, members: int = 1) -> Estimate:
     """Time real training iterations of the spec's task at the centre of its space (each range's
     middle, on a log scale where the range is; the middle listed value), eager, with the threads
-    one trial gets; ``budget_s`` of training at most, after one warm-up iteration."""
+    one trial (or fused group) gets; ``budget_s`` of training at most, after one warm-up iteration.
+    ``members`` > 1: a fused group of that many (`ponder.fused_trainer.FusedTrainer`, at most
+    `TIMED_MEMBERS` of them, each its own seed), timed per member-iteration."""
     import torch
 
+    from ponder.fused_trainer import FusedTrainer
     from ponder.trainer import Trainer
 
     point = {d.name: _centre(d) for d in spec.space}
     config = spec.config_for(point)
     config.compile = "off"  # a compile takes a minute: time the eager step (auto is eager on the CPU)
     threads = max(1, int(spec.resources.cpu))
+    timed = min(members, TIMED_MEMBERS)
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
         trainer = Trainer(config)
-        trainer.train_step()  # warm-up: first-call allocations
+        step: Any = trainer.train_step
+        if timed > 1:
+            group = FusedTrainer(timed, trainer.device, compile=False)
+            for k in range(timed):
+                group.release(group.join(dataclasses.replace(config, seed=config.seed + k)))
+            step = group.train_step
+        step()  # warm-up: first-call allocations
         count, start = 0, time.perf_counter()
         while count < 3 or (time.perf_counter() - start < budget_s and count < config.iterations):
-            trainer.train_step()
+            step()
             count += 1
-        per_iteration = (time.perf_counter() - start) / count
+        per_iteration = (time.perf_counter() - start) / count / timed
         start = time.perf_counter()
         trainer.evaluate()
         per_evaluation = time.perf_counter() - start
     finally:
         torch.set_num_threads(before)
     at = ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in point.items())
-    return Estimate(per_iteration, per_evaluation, count, str(trainer.device), threads, at)
+    return Estimate(per_iteration, per_evaluation, count, str(trainer.device), threads, at, timed)
 
 
 def _centre(d: Dimension) -> Any:

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from study.cli import main
-from study.spec.check import asha_milestones, least_trial_iterations, trials_at_once
+from study.spec import check
+from study.spec.check import Estimate, asha_milestones, least_trial_iterations, trials_at_once
 from study.spec.spec import load_spec
 
 REPO = Path(__file__).resolve().parents[2]
@@ -67,6 +68,60 @@ def test_check_says_how_a_fused_spec_places_its_trials(tmp_path: Path) -> None:
     assert rc == 0, out
     assert "fused: up to 8 trials trained as one model per GPU" in out
     assert "a group's step runs compiled (compile = 'auto')" in out  # as a plain trial's on CUDA
+
+
+def fused_source(fuse: int, max_concurrent: int, num_samples: int) -> str:
+    """parity-smoke with ``fuse`` and the trial counts given."""
+    source = load_spec("parity-smoke").source.replace("gpu = 0\n", f"gpu = 0\nfuse = {fuse}\n")
+    source = source.replace("max_concurrent = 2", f"max_concurrent = {max_concurrent}")
+    return source.replace("num_samples = 6", f"num_samples = {num_samples}")
+
+
+def test_a_fused_estimate_counts_groups_not_trials_side_by_side(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """16 trials at once on 2 CPUs are 2 groups of 8, each making its members' iterations one
+    after another: the wall time divides by 2, not 16."""
+    spec_file = tmp_path / "fused.toml"
+    spec_file.write_text(fused_source(fuse=8, max_concurrent=16, num_samples=32))
+    spec = load_spec(str(spec_file))
+    assert spec.search.num_samples == 32
+    asked: list[int] = []
+
+    def measured(spec: object, members: int = 1) -> Estimate:
+        asked.append(members)
+        return Estimate(0.004, 0.03, 100, "cpu", 1, "lambda_p=0.5", members)
+
+    monkeypatch.setattr(check, "measure", measured)
+    monkeypatch.setattr(check.os, "cpu_count", lambda: 2)
+    out = check.check_spec(str(spec_file), str(tmp_path))
+    assert asked == [8]
+    evaluations = 32 * -(-spec.iterations // spec.eval_interval)
+    wall = (32 * spec.iterations * 0.004 + evaluations * 0.03) / 2
+    assert "4.0 ms a member-iteration (a fused iteration of 8 members: 32 ms)" in out
+    assert f"32 trials, 2 groups of 8 at once: about {check._duration(wall)} (" in out, out
+    spec_file.write_text(fused_source(fuse=8, max_concurrent=16, num_samples=8))  # all 8 in one group
+    assert "8 trials, 1 group of 8 at once" in check.check_spec(str(spec_file), str(tmp_path))
+
+
+def test_a_fused_estimate_times_a_fused_group_per_member_iteration() -> None:
+    spec = load_spec("parity-smoke")
+    e = check.measure(spec, budget_s=0.2, members=3)
+    assert e.members == 3 and e.iterations >= 3 and e.device == "cpu"
+    assert 0 < e.s_per_iteration < 1 and e.s_per_evaluation > 0
+    assert check.measure(spec, budget_s=0.2).members == 1
+
+
+@pytest.mark.parametrize(
+    ("fuse", "fit", "max_concurrent", "members"),
+    [(1, 16, 16, 1), (8, 16, 16, 8), (8, 2, 16, 2), (8, 16, 4, 4), (8, 0, 16, 1)],
+)
+def test_a_group_holds_fuse_trials_or_fewer_where_fewer_run_at_once(
+    tmp_path: Path, fuse: int, fit: int, max_concurrent: int, members: int
+) -> None:
+    spec = tmp_path / "fused.toml"
+    spec.write_text(fused_source(fuse=fuse, max_concurrent=max_concurrent, num_samples=32))
+    assert check.group_members(load_spec(str(spec)), fit) == members
 
 
 def test_without_the_estimate_neither_torch_nor_ray_is_imported(tmp_path: Path) -> None:
