@@ -224,9 +224,9 @@ def _ray_lifetime() -> Iterator[None]:
             restore_stop_handlers(handlers)
 
 
-def _init_ray(address: str | None, paths: StudyPaths) -> None:
-    """Join the cluster at ``address`` (or $RAY_ADDRESS), else start a local Ray instance; then
-    check that every node can reach the study's storage."""
+def _init_ray(address: str | None, paths: StudyPaths, spec: StudySpec) -> None:
+    """Join the cluster at ``address`` (or $RAY_ADDRESS), else start a local Ray instance sized
+    for ``spec``'s processes; then check that every node can reach the study's storage."""
     if ray.is_initialized():
         _check_storage(paths)
         return
@@ -244,10 +244,7 @@ def _init_ray(address: str | None, paths: StudyPaths) -> None:
                 include_dashboard=False,
                 log_to_driver=False,
                 logging_level=logging.ERROR,
-                # Ray starts a Python worker per CPU for the first driver, which Tune's trial actors
-                # never use (they start workers of their own: 4 worker processes for the smoke
-                # study's 2 trial actors, each idle one about 0.4 s of CPU and its memory, measured)
-                _system_config={"prestart_worker_first_driver": False} if address == "local" else None,
+                _system_config=_local_system_config(spec) if address == "local" else None,
             )
         logging.getLogger("ray").setLevel(logging.WARNING)  # then Tune's warnings as before
         raise_a_swallowed_stop()  # a Ctrl-C while Ray started
@@ -259,6 +256,23 @@ def _init_ray(address: str | None, paths: StudyPaths) -> None:
             "or leave both unset to run on a local Ray instance"
         ) from e
     _check_storage(paths)
+
+
+def _local_system_config(spec: StudySpec) -> dict[str, Any]:
+    """A local instance's raylet settings. Ray starts a Python worker per CPU for the first driver,
+    which Tune's trial actors never use (they start workers of their own: 4 worker processes for
+    the smoke study's 2 trial actors, each idle one about 0.4 s of CPU and its memory, measured).
+    And its raylet prints a WARNING to the terminal once a node has 4x as many workers as it starts
+    at once (by default its CPU count): a fused study's trials reserve 1/fuse CPU each, so 16 of
+    them on 2 CPUs (with their fusers) set it off, for a number of processes the study asked for.
+    The start-up concurrency is raised to a quarter of the processes the study will have."""
+    config: dict[str, Any] = {"prestart_worker_first_driver": False}
+    res = spec.resources
+    at_once = spec.search.max_concurrent
+    processes = at_once + (at_once // res.fuse + 2 if res.fuse > 1 else 0) + 2  # trials, fusers, spare
+    if -(-processes // 4) > (os.cpu_count() or 1):
+        config["worker_maximum_startup_concurrency"] = -(-processes // 4)
+    return config
 
 
 def _space(spec: StudySpec) -> dict[str, Any]:
@@ -298,7 +312,7 @@ def run_study(
                 f"a study named {spec.name!r} already exists under {spec.run.storage}: "
                 f"resume it with `{hint}`, or pick another --name"
             )
-        _init_ray(address, paths)  # before anything is written: a run that cannot start leaves no study
+        _init_ray(address, paths, spec)  # before anything is written: a run that cannot start leaves no study
         write_bytes(paths.spec, spec.source.encode())
         if on_written is not None:
             on_written()
@@ -404,7 +418,7 @@ def _fit(
     records as the resume read them (`study.records.truth`); none for a new study, which has
     no records (`run_study` refuses a name that exists)."""
     truth = truth if truth is not None else StudyTruth(spec, paths)
-    _init_ray(address, paths)
+    _init_ray(address, paths, spec)
     _prepare_driver(paths)
     trainable = _trainable(spec, paths)
     # trials that ended in an experiment whose saved state was lost are not asked for again

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -17,7 +20,7 @@ from ponder.metrics import eval_set_names
 from study.records.asha_state import read_state
 from study.spec.spec import load_spec
 from study.storage.storage import StudyPaths, write_parquet
-from tests.study.conftest import cli, history, trials
+from tests.study.conftest import REPO, cli, history, trials
 
 pytestmark = pytest.mark.slow
 SMOKE = load_spec("parity-smoke")
@@ -288,3 +291,43 @@ def test_a_resume_keeps_tunes_two_newest_states_not_every_one(tmp_path: Path) ->
             "tuner.pkl",
         ]
     )
+
+
+_MANY_WORKERS = """
+import sys, time, ray
+from study.run.runner import _init_ray
+from study.spec.spec import load_spec
+from study.storage.storage import StudyPaths
+spec = load_spec(sys.argv[1])
+_init_ray("local", StudyPaths(sys.argv[2], spec.name), spec)
+@ray.remote
+class Trial:
+    def ping(self) -> int:
+        return 1
+n = spec.search.max_concurrent + 2  # the trials, a fuser, the registry
+cpus = ray.cluster_resources()["CPU"]
+trials = [Trial.options(num_cpus=cpus / n).remote() for _ in range(n)]  # held: all alive at once
+ray.get([t.ping.remote() for t in trials])
+time.sleep(2)  # the raylet's warnings reach the driver's terminal asynchronously
+print("placed", n, flush=True)
+"""
+
+
+def test_a_fused_studys_local_ray_starts_its_workers_without_a_warning(tmp_path: Path) -> None:
+    """16 fused trials (and their fusers) on this machine's CPUs are the processes the study asked
+    for: its own Ray instance does not print "WARNING: 18 PYTHON worker processes have been started
+    ... 9x the maximum expected startup concurrency" on the terminal (Ray's default concurrency,
+    the CPU count, did: seen with 8 and 10 workers on two CPUs)."""
+    spec = tmp_path / "fused.toml"
+    spec.write_text(
+        SMOKE.source.replace("max_concurrent = 2", "max_concurrent = 16").replace(
+            "gpu = 0\n", "gpu = 0\nfuse = 8\n"
+        )
+    )
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    out = subprocess.run(
+        [sys.executable, "-c", _MANY_WORKERS, str(spec), str(tmp_path)],
+        capture_output=True, text=True, cwd=REPO, env=env, timeout=180,
+    )  # fmt: skip
+    assert out.returncode == 0 and "placed 18" in out.stdout, out.stdout[-2000:] + out.stderr[-3000:]
+    assert "startup concurrency" not in out.stdout + out.stderr, out.stderr[-2000:]
