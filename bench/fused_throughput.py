@@ -14,7 +14,9 @@ trials (reports and evaluations included, iterations past a trial's last report 
 The runs alternate (unfused, fused; ``--rounds`` times) so a machine whose speed drifts slows both.
 Prints a row per run (``first s``: from the launch to the study's first report, Ray's start and
 the first ``eval_interval`` of training included) and, last, ``ratio <fused / unfused
-member-iterations per second>`` (medians).
+member-iterations per second>`` (medians). With ``--cpu``, a row per run of the CPU seconds the
+study's processes had used 2 s before the stop, by role (``ps``: trials, fusers, the driver, Ray's
+own), and the CPU seconds the machine had left idle: where a study's cores go.
 
     .venv/bin/python bench/fused_throughput.py --seconds 120 --fuse 8
     .venv/bin/python bench/fused_throughput.py --seconds 120 --fuse 256 --gpu 0.25 --num-samples 1024
@@ -23,6 +25,8 @@ member-iterations per second>`` (medians).
 from __future__ import annotations
 
 import argparse
+import collections
+import contextlib
 import os
 import signal
 import statistics
@@ -80,9 +84,37 @@ reduction_factor = 3
 """
 
 
-def run_for(args: argparse.Namespace, fused: bool, where: Path) -> tuple[int, int, float, float]:
+def cpu_by_role(driver: int) -> dict[str, int]:
+    """CPU seconds (user + system) of the driver and every process below it, by role."""
+    table = subprocess.run(
+        ["ps", "-eo", "pid=,ppid=,cputimes=,args="], capture_output=True, text=True, check=True
+    ).stdout
+    parent, cpu, role = {}, {}, {}
+    for line in table.splitlines():
+        pid, ppid, seconds, command = line.split(None, 3)
+        parent[int(pid)], cpu[int(pid)] = int(ppid), int(seconds)
+        name = command.split()[0]
+        role[int(pid)] = (
+            "fusers" if name.startswith("ray::Fuser") and not name.startswith("ray::FuserRegistry")
+            else "trials" if name.startswith("ray::ImplicitFunc")
+            else "driver" if int(pid) == driver
+            else "ray"
+        )  # fmt: skip
+    out: dict[str, int] = collections.Counter()
+    for pid in cpu:
+        up = pid
+        while up not in (driver, 0, 1) and up in parent:
+            up = parent[up]
+        if up == driver:
+            out[role[pid]] += cpu[pid]
+    return dict(out)
+
+
+def run_for(
+    args: argparse.Namespace, fused: bool, where: Path
+) -> tuple[int, int, float, float, dict[str, int]]:
     """Run the study for ``--seconds`` then Ctrl-C: (member-iterations, trials that reported, wall s,
-    seconds to the first report)."""
+    seconds to the first report, CPU seconds by role if ``--cpu``)."""
     where.mkdir(parents=True)
     spec = where / f"{NAME}.toml"
     spec.write_text(spec_text(args, fused))
@@ -91,8 +123,15 @@ def run_for(args: argparse.Namespace, fused: bool, where: Path) -> tuple[int, in
     start, launched = time.monotonic(), time.time()
     with (where / "driver.log").open("w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env=env)
+        cpu: dict[str, int] = {}
         try:
-            proc.wait(args.seconds)
+            if args.cpu:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(args.seconds - 2)
+                cpu = cpu_by_role(proc.pid)
+                proc.wait(max(0.0, args.seconds - (time.monotonic() - start)))
+            else:
+                proc.wait(args.seconds)
         except subprocess.TimeoutExpired:
             proc.send_signal(signal.SIGINT)
         wall = time.monotonic() - start
@@ -100,7 +139,7 @@ def run_for(args: argparse.Namespace, fused: bool, where: Path) -> tuple[int, in
     history = pd.read_parquet(where / "s" / "history" / f"study={NAME}")
     last = history.groupby("trial_id")["iteration"].max()
     first = history["timestamp"].min().timestamp() - launched  # Tune's timestamps are whole seconds
-    return int(last.sum()), len(last), wall, first
+    return int(last.sum()), len(last), wall, first, cpu
 
 
 def main() -> None:
@@ -114,6 +153,7 @@ def main() -> None:
     p.add_argument("--iterations", type=int, default=5000, help="each trial's budget")
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--cpu", action="store_true", help="print each run's CPU seconds by process role")
     args = p.parse_args()
     where = Path(tempfile.mkdtemp(prefix="fused-throughput-"))
     rates: dict[bool, list[float]] = {False: [], True: []}
@@ -123,13 +163,19 @@ def main() -> None:
     )
     for r in range(args.rounds):
         for fused in (False, True):
-            iterations, trials, wall, first = run_for(
+            iterations, trials, wall, first, cpu = run_for(
                 args, fused, where / f"{r}-{'fused' if fused else 'unfused'}"
             )
             rates[fused].append(iterations / wall)
             label = f"fused K={args.fuse}" if fused else "unfused"
             row = f"{label:<10} {iterations:>18,} {trials:>7} {wall:>7.1f} {first:>8.0f}"
             print(f"{row} {iterations / wall:>9.1f}", flush=True)
+            if args.cpu:
+                seconds = args.seconds - 2
+                roles = ("trials", "fusers", "driver", "ray")
+                split = ", ".join(f"{role} {cpu.get(role, 0)}" for role in roles)
+                idle = args.cpus * seconds - sum(cpu.values())
+                print(f"  CPU s: {split}; idle {idle:.0f} of {args.cpus} x {seconds:.0f}", flush=True)
     print(f"storage {where}")
     print(f"ratio {statistics.median(rates[True]) / statistics.median(rates[False]):.2f}")
 

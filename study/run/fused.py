@@ -250,13 +250,17 @@ def _checkpoint_bytes(state: dict[str, Any]) -> bytes:
 
 
 class FuserRegistry:
-    """The driver's fusers: one per GPU, or on CPUs as many per node as its CPUs hold groups
-    (``[resources] cpu`` each), per shape; places a trial in one. Owned by the driver, so every
-    fuser ends with it. Never more fusers than that: two groups on the same CPUs would each train
-    at half speed, so a trial finding them all full waits for a slot (`FusedRun`)."""
+    """The driver's fusers, per shape: on a GPU as many as it holds groups (``[resources] gpu``
+    each: 1, or 4 of 0.25), on CPUs as many per node as its CPUs hold groups (``cpu`` each); places
+    a trial in one. Owned by the driver, so every fuser ends with it. Never more fusers than that:
+    two groups on the same CPUs would each train at half speed, so a trial finding them all full
+    waits for a slot (`FusedRun`). As many as that: Tune places that many groups' trials there."""
 
-    def __init__(self, capacity: int, threads: int, group_cpus: float, unroll: int = 0) -> None:
+    def __init__(
+        self, capacity: int, threads: int, group_cpus: float, group_gpus: float = 1.0, unroll: int = 0
+    ) -> None:
         self._capacity, self._threads, self._group_cpus = capacity, threads, group_cpus
+        self._group_gpus = group_gpus
         self._unroll = unroll  # the study's longest max_steps: a compiled group compiles once
         self._fusers: dict[tuple[str, str, str], list[Any]] = {}
 
@@ -283,8 +287,9 @@ class FuserRegistry:
         return answer, fuser if answer == "joined" else None
 
     def _fusers_allowed(self, node_id: str, gpu: str | None) -> int:
+        """Fusers of one shape on the node's CPUs, or on one of its GPUs."""
         if gpu is not None:
-            return 1
+            return max(1, int(1 / self._group_gpus + 1e-9))
         nodes = ray.nodes()  # type: ignore[no-untyped-call]
         cpus = next((n["Resources"].get("CPU", 0) for n in nodes if n["NodeID"] == node_id), 0)
         return max(1, int(cpus // self._group_cpus))
@@ -338,13 +343,18 @@ _registries: list[Any] = []
 """The driver's registries' handles, held so that none is collected while the driver runs."""
 
 
-def start_fusion(capacity: int, threads: int, group_cpus: float, unroll: int = 0) -> tuple[Fusion, Any]:
+def start_fusion(
+    capacity: int, threads: int, group_cpus: float, group_gpus: float = 1.0, unroll: int = 0
+) -> tuple[Fusion, Any]:
     """Start the driver's `FuserRegistry`: (what the trainables need, the registry's handle). The
     driver owns it, and it owns the fusers: all end when the driver disconnects from Ray.
-    ``unroll``: the study's longest max_steps (`ponder.fused_trainer.FusedTrainer`'s)."""
+    ``group_cpus``, ``group_gpus``: what one group uses (``[resources]``); ``unroll``: the study's
+    longest max_steps (`ponder.fused_trainer.FusedTrainer`'s)."""
     name = f"ponder-fusers-{uuid.uuid4().hex[:12]}"
     registry = (
-        ray.remote(FuserRegistry).options(name=name, num_cpus=0).remote(capacity, threads, group_cpus, unroll)
+        ray.remote(FuserRegistry)
+        .options(name=name, num_cpus=0)
+        .remote(capacity, threads, group_cpus, group_gpus, unroll)
     )
     _registries.append(registry)
     return Fusion(name, capacity, threads), registry

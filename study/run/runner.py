@@ -113,7 +113,9 @@ def _trainable(spec: StudySpec, paths: StudyPaths) -> Any:
     res, fusion = spec.resources, None
     threads = max(1, int(res.cpu))  # a trial's torch threads, or a fused group's
     if res.fuse > 1:
-        fusion, _ = start_fusion(res.fuse, threads, group_cpus=res.cpu, unroll=spec.longest_max_steps)
+        fusion, _ = start_fusion(
+            res.fuse, threads, group_cpus=res.cpu, group_gpus=res.gpu or 1.0, unroll=spec.longest_max_steps
+        )
     fn = tune.with_parameters(
         train_trial, objectives=dict(spec.objectives), paths=paths, threads=threads, fusion=fusion
     )

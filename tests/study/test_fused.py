@@ -4,7 +4,11 @@ decision. Real Ray, Optuna and Parquet; the numbers checked against plain `Train
 
 from __future__ import annotations
 
+import ast
 import json
+import os
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -18,7 +22,7 @@ from ponder.trainer import Trainer
 from study.search.search import optuna_storage
 from study.spec.spec import load_spec
 from study.storage.storage import StudyPaths
-from tests.study.conftest import Driver, cli, history, ledger_has, trials
+from tests.study.conftest import REPO, Driver, cli, history, ledger_has, trials
 
 pytestmark = pytest.mark.slow
 NAME = "parity-smoke"
@@ -114,3 +118,36 @@ def test_sigkill_of_a_fused_study_then_resume_goes_on_from_each_members_checkpoi
     for row in table.itertuples():
         got = list(h[h["trial_id"] == row.trial_id].sort_values("report")["test/halted_accuracy"])
         assert got == pytest.approx(plain_accuracies(Path(row.checkpoint_path), int(row.iteration)), abs=1e-6)
+
+
+_PLACE_ON_A_GPU = """
+import sys, ray
+from ponder.config import ParityConfig
+from study.run.fused import FuserRegistry
+ray.init(num_cpus=2, num_gpus=1, include_dashboard=False, log_to_driver=False)
+registry = FuserRegistry(capacity=2, threads=1, group_cpus=1, group_gpus=float(sys.argv[1]))
+node = ray.get_runtime_context().get_node_id()
+config = ParityConfig(n_elems=4, n_hidden=8, batch_size=8, eval_samples=8, device="cpu").to_dict()
+fusers = []
+for trial in range(5):
+    answer, fuser = registry.place(f"t{trial}", node, "0", config, None)
+    fusers.append(str(fuser._actor_id) if fuser is not None else answer)
+print("PLACED", fusers, flush=True)
+"""
+
+
+@pytest.mark.parametrize(("group_gpus", "groups"), [(1.0, 1), (0.5, 2)])
+def test_a_gpu_holds_as_many_fused_groups_as_it_has_group_shares(group_gpus: float, groups: int) -> None:
+    """``gpu = 0.5`` with ``fuse = 2``: Tune places 4 trials (1/4 GPU each) on one GPU, so the GPU
+    has 2 groups of 2, not 1 group and 2 trials waiting for a slot; ``gpu = 1``: 1 group."""
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    out = subprocess.run(
+        [sys.executable, "-c", _PLACE_ON_A_GPU, str(group_gpus)],
+        capture_output=True, text=True, cwd=REPO, env=env, timeout=180,
+    )  # fmt: skip
+    placed = out.stdout.rpartition("PLACED ")[2]
+    assert out.returncode == 0 and placed, out.stdout[-2000:] + out.stderr[-3000:]
+    fusers = ast.literal_eval(placed)
+    joined = fusers[: 2 * groups]
+    assert len(set(joined)) == groups and "full" not in joined  # 2 members a group
+    assert fusers[2 * groups :] == ["full"] * (5 - 2 * groups)  # no more groups than the GPU holds
