@@ -20,6 +20,11 @@ own), and the CPU seconds the machine had left idle: where a study's cores go.
 
     .venv/bin/python bench/fused_throughput.py --seconds 120 --fuse 8
     .venv/bin/python bench/fused_throughput.py --seconds 120 --fuse 256 --gpu 0.25 --num-samples 1024
+
+``--to-end`` runs the fused study alone until it finishes (``--seconds`` its limit): the issue's
+"256 trials x 5,000 iterations with ASHA in under 5 minutes on one GPU" is
+
+    .venv/bin/python bench/fused_throughput.py --to-end --gpu 1 --fuse 256 --num-samples 256 --seconds 300
 """
 
 from __future__ import annotations
@@ -154,8 +159,16 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--cpu", action="store_true", help="print each run's CPU seconds by process role")
+    p.add_argument(
+        "--to-end",
+        action="store_true",
+        help="run the fused study alone, to its end or --seconds, and say whether it finished",
+    )
     args = p.parse_args()
     where = Path(tempfile.mkdtemp(prefix="fused-throughput-"))
+    if args.to_end:
+        to_end(args, where)
+        return
     rates: dict[bool, list[float]] = {False: [], True: []}
     print(
         f"{'run':<10} {'member-iterations':>18} {'trials':>7} {'wall s':>7} {'first s':>8} {'per s':>9}",
@@ -178,6 +191,19 @@ def main() -> None:
                 print(f"  CPU s: {split}; idle {idle:.0f} of {args.cpus} x {seconds:.0f}", flush=True)
     print(f"storage {where}")
     print(f"ratio {statistics.median(rates[True]) / statistics.median(rates[False]):.2f}")
+
+
+def to_end(args: argparse.Namespace, where: Path) -> None:
+    """The fused study alone, until it ends (or ``--seconds``, then Ctrl-C): its wall time and
+    member-iterations per second; last line ``finished <yes|no> <ended>/<trials> in <wall> s``."""
+    iterations, _, wall, first, _ = run_for(args, True, where / "fused")
+    table = pd.read_parquet(where / "fused" / "s" / "trials" / f"study={NAME}")
+    ended = int(table["status"].isin(["completed", "early_stopped", "diverged"]).sum())
+    rate = iterations / wall
+    print(f"fused K={args.fuse}: {iterations:,} member-iterations in {wall:.1f} s ({rate:.1f} a second),")
+    print(f"  first report after {first:.0f} s, {ended} of {args.num_samples} trials ended; storage {where}")
+    done = "yes" if ended == args.num_samples else "no"
+    print(f"finished {done} {ended}/{args.num_samples} in {wall:.1f} s", flush=True)
 
 
 if __name__ == "__main__":

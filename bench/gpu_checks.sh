@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The project's GPU path, checked on a machine with one CUDA GPU, in one go (a few minutes):
-#   1. the CUDA tests (tests/ponder/test_cuda.py: fused members against plain runs too, eager and
-#      compiled, checkpoints across devices), then fused trials' speed (bench/fused_speed.py, eager
-#      and compiled) and a whole fused study against four packed trials (bench/fused_throughput.py);
+#   1. fused trials, what only a GPU can tell (docs/fused.md): the CUDA tests (tests/ponder/test_cuda.py:
+#      fused members against plain runs, eager and compiled; checkpoints across devices), a whole
+#      fused study against four packed trials for 60 s each (bench/fused_throughput.py: member-
+#      iterations a second and their ratio), 256 trials x 5,000 iterations with ASHA to the end
+#      (its wall time), then the fused step's speed (bench/fused_speed.py, eager and compiled);
 #   2. a parity-smoke study with a quarter of the GPU per trial (four trials at once), its
 #      status, and `evaluate` of its best trial on the GPU and on the CPU;
 #   3. bench/iteration_speed.py --device cuda: seeds, eager, compiled (CUDA graphs), compiled without;
@@ -12,13 +14,15 @@
 #      bench/study_throughput.py --gpu 0.25 (a study's wall time, default against eager) and
 #      bench/time_to_accuracy.py --device cuda (three seeds, with a compile cache of its own).
 # Each step has its own time limit, so one that hangs leaves time to the rest; every log goes to
-# OUT_DIR (default results/gpu-checks), the figures at the end of each. The limits are what each
-# step needs on an H200, with some margin: steps 1-5 fit in 9 minutes, step 6 needs about 11
-# more, so 15 minutes of GPU time run 1-5 and then what they can of 6 (GPU_CHECKS_SKIP).
+# OUT_DIR (default results/gpu-checks), the figures at the end of each. With 15 minutes of device
+# time (a machine's start included), run the fused steps in two calls that each leave time to
+# rerun: GPU_CHECKS_ONLY='unit-tests|fused-throughput' (about 5 min), then
+# GPU_CHECKS_ONLY='fused-study-256|fused-speed|fused-speed-compiled' (about 5 min).
 #
 #   bash bench/gpu_checks.sh [OUT_DIR]
 # PYTHON=... picks the interpreter (default: .venv's, else python3); GPU_CHECKS_BUDGET_S the whole
-# run's seconds (540); GPU_CHECKS_SKIP='study|gpu-packing' skips steps by name.
+# run's seconds (540); GPU_CHECKS_SKIP='study|gpu-packing' skips steps by name, GPU_CHECKS_ONLY
+# runs only the steps it names (the machine's facts are always printed).
 set -u
 OUT_DIR=${1:-results/gpu-checks}
 mkdir -p "$OUT_DIR"
@@ -31,6 +35,9 @@ step() {  # step NAME LIMIT_S COMMAND...: run it with its log, at most LIMIT_S a
     shift 2
     if [[ -n "${GPU_CHECKS_SKIP:-}" && $name =~ ^(${GPU_CHECKS_SKIP})$ ]]; then
         echo "== $name: skipped (GPU_CHECKS_SKIP)" | tee -a "$OUT_DIR/summary.txt"
+        return
+    fi
+    if [[ -n "${GPU_CHECKS_ONLY:-}" && ! $name =~ ^(${GPU_CHECKS_ONLY})$ ]]; then
         return
     fi
     local left=$(( DEADLINE - $(date +%s) ))
@@ -55,11 +62,12 @@ step() {  # step NAME LIMIT_S COMMAND...: run it with its log, at most LIMIT_S a
 
 step unit-tests 140 "$PYTHON" -m pytest -p no:cacheprovider -v -rs --durations=10 tests/ponder/test_cuda.py tests/ponder/test_checkpoint.py
 
-# fused trials first: what only a GPU can tell (docs/fused.md)
-step fused-speed 150 "$PYTHON" bench/fused_speed.py --device cuda --iters 20 --rounds 3 --ks 1,16,64,256,1024
-# compiled: what a fused group on CUDA runs by default (compile = "auto"), a study's spread of max_steps
-step fused-speed-compiled 150 "$PYTHON" bench/fused_speed.py --device cuda --compile --iters 20 --rounds 3 --ks 16,256 --max-steps 4-20
-step fused-throughput 330 "$PYTHON" bench/fused_throughput.py --gpu 0.25 --fuse 256 --num-samples 1024 --seconds 120
+# fused trials first: what only a GPU can tell (docs/fused.md). A group on CUDA compiles its step
+# (compile = "auto"); 256 trials at once are 256 Ray processes (about 30 GB: docs/fused.md)
+step fused-throughput 200 "$PYTHON" bench/fused_throughput.py --gpu 0.25 --fuse 256 --num-samples 1024 --seconds 60
+step fused-study-256 330 "$PYTHON" bench/fused_throughput.py --to-end --gpu 1 --fuse 256 --num-samples 256 --iterations 5000 --seconds 300
+step fused-speed 100 "$PYTHON" bench/fused_speed.py --device cuda --iters 20 --rounds 2 --ks 1,64,256,1024
+step fused-speed-compiled 150 "$PYTHON" bench/fused_speed.py --device cuda --compile --iters 20 --rounds 2 --ks 16,256 --max-steps 4-20
 
 SPEC="$OUT_DIR/parity-gpu-quarter.toml"
 "$PYTHON" - "$SPEC" <<'EOF'
@@ -95,4 +103,4 @@ step iteration-speed-mnist 130 "$PYTHON" bench/iteration_speed.py --task mnist -
 step study-throughput 330 "$PYTHON" bench/study_throughput.py --gpu 0.25
 step time-to-accuracy 210 env PONDER_STUDY_CACHE="$OUT_DIR/cache-tta" "$PYTHON" bench/time_to_accuracy.py --device cuda --seeds 0,1,2 --budget 60
 "$PYTHON" -m ray.scripts.scripts stop --force >/dev/null 2>&1 || true
-cat "$OUT_DIR/summary.txt"
+cat "$OUT_DIR/summary.txt" 2>/dev/null || echo "no step ran"
