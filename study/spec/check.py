@@ -261,7 +261,7 @@ def measure(spec: StudySpec, budget_s: float = ESTIMATE_BUDGET_S, members: int =
         if timed > 1:
             group = FusedTrainer(timed, trainer.device, compile=False)
             for k in range(timed):
-                group.release(group.join(dataclasses.replace(config, seed=config.seed + k)))
+                group.join(dataclasses.replace(config, seed=config.seed + k))
             step = group.train_step
         step()  # warm-up: first-call allocations
         count, start = 0, time.perf_counter()
