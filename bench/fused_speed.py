@@ -15,9 +15,11 @@ compares a fused iteration with the plain iterations of the same K configuration
 ratio = sum_k t_plain(max_steps_k) / t_fused.
 
 Prints ms per iteration (all K members), ms per member-iteration, member-iterations per second, and
-the ratio against the plain Trainer (member-iterations per second fused / plain); last line
-``ratio <best> at K=<k>``. ``--compile`` runs the fused step through ``torch.compile`` (its first
-iteration, the compile, is not timed; on a CPU a cold compile takes a minute or more per K).
+the ratio against the plain Trainer (member-iterations per second fused / plain); then what a
+member's report costs the largest group's thread (its evaluation, its checkpoint's bytes) and
+their share of the group's time at the default ``eval_interval``; last line ``ratio <best> at
+K=<k>``. ``--compile`` runs the fused step through ``torch.compile`` (its first iteration, the
+compile, is not timed; on a CPU a cold compile takes a minute or more per K).
 
     .venv/bin/python bench/fused_speed.py [--threads 2] [--iters 20] [--rounds 5] [--ks 1,2,4,8,16]
         [--max-steps 4-20] [--compile]
@@ -26,6 +28,7 @@ iteration, the compile, is not timed; on a CPU a cold compile takes a minute or 
 from __future__ import annotations
 
 import argparse
+import io
 import time
 
 import torch
@@ -66,6 +69,21 @@ def time_fused(fused: FusedTrainer, iters: int) -> float:
     for _ in range(iters):
         fused.train_step()
     return (time.perf_counter() - start) / iters
+
+
+def time_reports(fused: FusedTrainer, members: int = 8) -> tuple[float, float]:
+    """Seconds a member's report costs the group's thread: (its evaluation, its checkpoint's bytes),
+    each the mean over up to ``members`` members, as `study.run.fused.Fuser` makes them."""
+    slots = fused.slots[:members]
+    fused.metrics(slots[0])  # warm-up
+    start = time.perf_counter()
+    for slot in slots:
+        fused.metrics(slot)
+    evaluation = (time.perf_counter() - start) / len(slots)
+    start = time.perf_counter()
+    for slot in slots:
+        torch.save(fused.state_dict(slot), io.BytesIO())
+    return evaluation, (time.perf_counter() - start) / len(slots)
 
 
 def main() -> None:
@@ -127,6 +145,15 @@ def main() -> None:
         best = max(best, (ratio, k))
         label = f"fused K={k} {mode}"
         print(f"{label:20} {dt * 1e3:9.2f} {dt * 1e3 / k:13.2f} {k / dt:12.1f} {ratio:7.2f}")
+    k = ks[-1]
+    evaluation, checkpoint = time_reports(groups[k])
+    interval = ParityConfig().eval_interval
+    per_member = interval * min(fused_s[k]) / k  # the group's time a member's interval of training takes
+    share = (evaluation + checkpoint) / (per_member + evaluation + checkpoint)
+    print(
+        f"a report at K={k}: evaluation {evaluation * 1e3:.1f} ms, checkpoint {checkpoint * 1e3:.1f} ms "
+        f"a member, in the group's thread: {share:.0%} of its time at eval_interval {interval}"
+    )
     print(f"ratio {best[0]:.2f} at K={best[1]}")
 
 
