@@ -148,6 +148,10 @@ class SchedulerSpec(_Table):
     """ASHA's brackets"""
 
 
+RAY_SMALLEST_SHARE = 0.0001
+"""The smallest fraction of a CPU or GPU a Ray task may reserve (Ray refuses a finer one)."""
+
+
 class ResourcesSpec(_Table):
     """What one trial reserves (with ``fuse``, one fused group of trials); a fractional ``gpu``
     shares a GPU between trials."""
@@ -165,6 +169,20 @@ class ResourcesSpec(_Table):
             raise _At(("gpu",), f"above 1 must be a whole number of GPUs, got {self.gpu:g}")
         if self.fuse > 1 and self.gpu > 1:
             raise _At(("gpu",), f"a fused group trains on one GPU: at most 1 with fuse > 1, got {self.gpu:g}")
+        for name, amount in (("cpu", self.cpu), ("gpu", self.gpu)):
+            share = amount / self.fuse  # what one trial reserves
+            if 0 < share < RAY_SMALLEST_SHARE:
+                where = ("fuse",) if self.fuse > 1 else (name,)
+                fix = (
+                    f"fuse at most {int(amount / RAY_SMALLEST_SHARE + 1e-9)} with {name} = {amount:g}"
+                    if self.fuse > 1
+                    else f"set {name} to at least {RAY_SMALLEST_SHARE:g}"
+                )
+                raise _At(
+                    where,
+                    f"each trial would reserve {share:.2g} {name.upper()}, below Ray's smallest share "
+                    f"({RAY_SMALLEST_SHARE:g}): {fix}",
+                )
         return self
 
 
