@@ -39,8 +39,9 @@ __all__ = [
 ESTIMATE_BUDGET_S = 2.0
 """Time spent training at most, for the estimate (plus building the task and one evaluation)."""
 TIMED_MEMBERS = 16
-"""A fused group's estimate times at most this many members: per member-iteration, a larger group
-costs about what 16 do on a CPU (`bench/fused_speed.py`: K = 8 and 16 within 2%)."""
+"""On a CPU, a fused group's estimate times at most this many members: per member-iteration, a
+larger group costs about what 16 do there (`bench/fused_speed.py`: K = 8 and 16 within 2%). On a
+GPU it times the whole group."""
 
 
 def check_spec(spec_arg: str, storage: str | None = None, *, estimate: bool = True) -> str:
@@ -241,8 +242,8 @@ def measure(spec: StudySpec, budget_s: float = ESTIMATE_BUDGET_S, members: int =
     """Time real training iterations of the spec's task at the centre of its space (each range's
     middle, on a log scale where the range is; the middle listed value), eager, with the threads
     one trial (or fused group) gets; ``budget_s`` of training at most, after one warm-up iteration.
-    ``members`` > 1: a fused group of that many (`ponder.fused_trainer.FusedTrainer`, at most
-    `TIMED_MEMBERS` of them, each its own seed), timed per member-iteration."""
+    ``members`` > 1: a fused group of that many (`ponder.fused_trainer.FusedTrainer`, on a CPU at
+    most `TIMED_MEMBERS` of them, each its own seed), timed per member-iteration."""
     import torch
 
     from ponder.fused_trainer import FusedTrainer
@@ -252,11 +253,12 @@ def measure(spec: StudySpec, budget_s: float = ESTIMATE_BUDGET_S, members: int =
     config = spec.config_for(point)
     config.compile = "off"  # a compile takes a minute: time the eager step (auto is eager on the CPU)
     threads = max(1, int(spec.resources.cpu))
-    timed = min(members, TIMED_MEMBERS)
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
         trainer = Trainer(config)
+        # on a GPU a member-iteration keeps getting cheaper with K (launches, not arithmetic)
+        timed = members if trainer.device.type == "cuda" else min(members, TIMED_MEMBERS)
         step: Any = trainer.train_step
         if timed > 1:
             group = FusedTrainer(timed, trainer.device, compile=False)
