@@ -164,7 +164,8 @@ class ResourcesSpec(_Table):
     """up to this many trials trained as one model on one device; 1: a process a trial"""
 
     @model_validator(mode="after")
-    def _whole_gpus(self) -> ResourcesSpec:
+    def _reservable(self) -> ResourcesSpec:
+        """Whole GPUs above 1, one GPU a fused group, and no trial's share below what Ray reserves."""
         if self.gpu > 1 and not self.gpu.is_integer():
             raise _At(("gpu",), f"above 1 must be a whole number of GPUs, got {self.gpu:g}")
         if self.fuse > 1 and self.gpu > 1:
