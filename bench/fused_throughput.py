@@ -14,7 +14,9 @@ trials (reports and evaluations included, iterations past a trial's last report 
 The runs alternate (unfused, fused; ``--rounds`` times) so a machine whose speed drifts slows both.
 Prints a row per run (``first s``: from the launch to the study's first report, Ray's start and
 the first ``eval_interval`` of training included) and, last, ``ratio <fused / unfused
-member-iterations per second>`` (medians). With ``--cpu``, a row per run of the CPU seconds the
+member-iterations per second>`` (medians), after a line with the same ratio of the rates from
+``--settle`` seconds after the launch to the stop (the start left out: what a study long enough
+for its start not to matter approaches). With ``--cpu``, a row per run of the CPU seconds the
 study's processes had used 2 s before the stop, by role (``ps``: trials, fusers, the driver, Ray's
 own), and the CPU seconds the machine had left idle: where a study's cores go.
 
@@ -117,9 +119,10 @@ def cpu_by_role(driver: int) -> dict[str, int]:
 
 def run_for(
     args: argparse.Namespace, fused: bool, where: Path
-) -> tuple[int, int, float, float, dict[str, int]]:
+) -> tuple[int, int, float, float, dict[str, int], float]:
     """Run the study for ``--seconds`` then Ctrl-C: (member-iterations, trials that reported, wall s,
-    seconds to the first report, CPU seconds by role if ``--cpu``)."""
+    seconds to the first report, CPU seconds by role if ``--cpu``, member-iterations a second from
+    ``--settle`` seconds after the launch to the stop)."""
     where.mkdir(parents=True)
     spec = where / f"{NAME}.toml"
     spec.write_text(spec_text(args, fused))
@@ -144,7 +147,10 @@ def run_for(
     history = pd.read_parquet(where / "s" / "history" / f"study={NAME}")
     last = history.groupby("trial_id")["iteration"].max()
     first = history["timestamp"].min().timestamp() - launched  # Tune's timestamps are whole seconds
-    return int(last.sum()), len(last), wall, first, cpu
+    settled = history[history["timestamp"] <= pd.Timestamp(launched + args.settle, unit="s", tz="UTC")]
+    before = settled.groupby("trial_id")["iteration"].max().sum() if len(settled) else 0
+    steady = (last.sum() - before) / max(wall - args.settle, 1e-9)
+    return int(last.sum()), len(last), wall, first, cpu, float(steady)
 
 
 def main() -> None:
@@ -160,6 +166,12 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--cpu", action="store_true", help="print each run's CPU seconds by process role")
     p.add_argument(
+        "--settle",
+        type=float,
+        default=60,
+        help="the steady rate counts from this many seconds after the launch",
+    )
+    p.add_argument(
         "--to-end",
         action="store_true",
         help="run the fused study alone, to its end or --seconds, and say whether it finished",
@@ -170,19 +182,23 @@ def main() -> None:
         to_end(args, where)
         return
     rates: dict[bool, list[float]] = {False: [], True: []}
+    steady: dict[bool, list[float]] = {False: [], True: []}
+    settled = f"after {args.settle:g} s"
     print(
-        f"{'run':<10} {'member-iterations':>18} {'trials':>7} {'wall s':>7} {'first s':>8} {'per s':>9}",
+        f"{'run':<10} {'member-iterations':>18} {'trials':>7} {'wall s':>7} {'first s':>8} {'per s':>9}"
+        f" {settled:>12}",
         flush=True,
     )
     for r in range(args.rounds):
         for fused in (False, True):
-            iterations, trials, wall, first, cpu = run_for(
+            iterations, trials, wall, first, cpu, rate = run_for(
                 args, fused, where / f"{r}-{'fused' if fused else 'unfused'}"
             )
             rates[fused].append(iterations / wall)
+            steady[fused].append(rate)
             label = f"fused K={args.fuse}" if fused else "unfused"
             row = f"{label:<10} {iterations:>18,} {trials:>7} {wall:>7.1f} {first:>8.0f}"
-            print(f"{row} {iterations / wall:>9.1f}", flush=True)
+            print(f"{row} {iterations / wall:>9.1f} {rate:>12.1f}", flush=True)
             if args.cpu:
                 seconds = args.seconds - 2
                 roles = ("trials", "fusers", "driver", "ray")
@@ -190,13 +206,15 @@ def main() -> None:
                 idle = args.cpus * seconds - sum(cpu.values())
                 print(f"  CPU s: {split}; idle {idle:.0f} of {args.cpus} x {seconds:.0f}", flush=True)
     print(f"storage {where}")
+    settled_ratio = statistics.median(steady[True]) / statistics.median(steady[False])
+    print(f"ratio {settled_ratio:.2f} {settled} (the start left out: what a long study approaches)")
     print(f"ratio {statistics.median(rates[True]) / statistics.median(rates[False]):.2f}")
 
 
 def to_end(args: argparse.Namespace, where: Path) -> None:
     """The fused study alone, until it ends (or ``--seconds``, then Ctrl-C): its wall time and
     member-iterations per second; last line ``finished <yes|no> <ended>/<trials> in <wall> s``."""
-    iterations, _, wall, first, _ = run_for(args, True, where / "fused")
+    iterations, _, wall, first, _, _ = run_for(args, True, where / "fused")
     table = pd.read_parquet(where / "fused" / "s" / "trials" / f"study={NAME}")
     ended = int(table["status"].isin(["completed", "early_stopped", "diverged"]).sum())
     rate = iterations / wall
