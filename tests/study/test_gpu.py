@@ -12,6 +12,7 @@ import torch
 
 from study.records.parquet import ENDED_WITH_RESULT
 from study.reports.evaluate import evaluate_trial
+from study.spec.check import measure
 from study.spec.spec import load_spec
 from tests.study.conftest import cli, history, trials
 from tests.study.test_evaluate import _check_against_parquet
@@ -57,3 +58,12 @@ def test_four_trials_share_the_one_gpu_at_once_and_evaluate_on_it(tmp_path: Path
     on_cpu = cli("evaluate", NAME, "--storage", str(storage), "--device", "cpu", "--trial", best.trial_id)
     assert on_cpu.returncode == 0, on_cpu.stderr[-2000:]
     assert f"trial {best.trial_id}" in on_cpu.stdout and "; on cpu," in on_cpu.stdout
+
+
+def test_checks_estimate_times_a_whole_fused_group_on_a_gpu(tmp_path: Path) -> None:
+    """On a GPU a member-iteration keeps getting cheaper with K: the estimate times all 32 members,
+    not the 16 a CPU's estimate stops at."""
+    spec = tmp_path / "fused-gpu.toml"
+    spec.write_text(load_spec("parity-smoke").source.replace("gpu = 0\n", "gpu = 1\nfuse = 32\n"))
+    e = measure(load_spec(str(spec)), budget_s=0.5, members=32)
+    assert e.device.startswith("cuda") and e.members == 32 and e.s_per_iteration > 0
