@@ -178,6 +178,10 @@ def test_a_lost_node_costs_only_the_work_since_the_last_checkpoint(
     finally:
         if run.proc.poll() is None:
             run.kill()
+        if cluster.workers[1] not in cluster.cluster.list_all_nodes():  # the next tests' cluster has two
+            worker = cluster.cluster.add_node(num_cpus=2, num_gpus=2, node_ip_address=WORKER_IPS[1])
+            cluster.workers[1] = worker
+            cluster.cluster.wait_for_nodes()
 
     df = _read(s3, f"{storage}/trials/study=lost").set_index("trial_id")
     assert len(df) == 4
