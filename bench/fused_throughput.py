@@ -42,6 +42,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import pandas as pd
 
@@ -117,12 +118,25 @@ def cpu_by_role(driver: int) -> dict[str, int]:
     return dict(out)
 
 
-def run_for(
-    args: argparse.Namespace, fused: bool, where: Path
-) -> tuple[int, int, float, float, dict[str, int], float]:
-    """Run the study for ``--seconds`` then Ctrl-C: (member-iterations, trials that reported, wall s,
-    seconds to the first report, CPU seconds by role if ``--cpu``, member-iterations a second from
-    ``--settle`` seconds after the launch to the stop)."""
+class Run(NamedTuple):
+    """What one run trained, read back from its history Parquet."""
+
+    iterations: int
+    """member-iterations: each trial's last reported iteration, summed"""
+    trials: int
+    """trials that reported"""
+    wall: float
+    """seconds from the launch to the stop (or the study's end)"""
+    first: float
+    """seconds from the launch to the first report"""
+    cpu: dict[str, int]
+    """CPU seconds by role 2 s before the stop (``--cpu``; else empty)"""
+    steady: float
+    """member-iterations a second from ``--settle`` seconds after the launch to the stop"""
+
+
+def run_for(args: argparse.Namespace, fused: bool, where: Path) -> Run:
+    """Run the study for ``--seconds`` then Ctrl-C, and read what it trained."""
     where.mkdir(parents=True)
     spec = where / f"{NAME}.toml"
     spec.write_text(spec_text(args, fused))
@@ -150,7 +164,7 @@ def run_for(
     settled = history[history["timestamp"] <= pd.Timestamp(launched + args.settle, unit="s", tz="UTC")]
     before = settled.groupby("trial_id")["iteration"].max().sum() if len(settled) else 0
     steady = (last.sum() - before) / max(wall - args.settle, 1e-9)
-    return int(last.sum()), len(last), wall, first, cpu, float(steady)
+    return Run(int(last.sum()), len(last), wall, first, cpu, float(steady))
 
 
 def main() -> None:
@@ -191,19 +205,17 @@ def main() -> None:
     )
     for r in range(args.rounds):
         for fused in (False, True):
-            iterations, trials, wall, first, cpu, rate = run_for(
-                args, fused, where / f"{r}-{'fused' if fused else 'unfused'}"
-            )
-            rates[fused].append(iterations / wall)
-            steady[fused].append(rate)
+            run = run_for(args, fused, where / f"{r}-{'fused' if fused else 'unfused'}")
+            rates[fused].append(run.iterations / run.wall)
+            steady[fused].append(run.steady)
             label = f"fused K={args.fuse}" if fused else "unfused"
-            row = f"{label:<10} {iterations:>18,} {trials:>7} {wall:>7.1f} {first:>8.0f}"
-            print(f"{row} {iterations / wall:>9.1f} {rate:>12.1f}", flush=True)
+            row = f"{label:<10} {run.iterations:>18,} {run.trials:>7} {run.wall:>7.1f} {run.first:>8.0f}"
+            print(f"{row} {run.iterations / run.wall:>9.1f} {run.steady:>12.1f}", flush=True)
             if args.cpu:
                 seconds = args.seconds - 2
                 roles = ("trials", "fusers", "driver", "ray")
-                split = ", ".join(f"{role} {cpu.get(role, 0)}" for role in roles)
-                idle = args.cpus * seconds - sum(cpu.values())
+                split = ", ".join(f"{role} {run.cpu.get(role, 0)}" for role in roles)
+                idle = args.cpus * seconds - sum(run.cpu.values())
                 print(f"  CPU s: {split}; idle {idle:.0f} of {args.cpus} x {seconds:.0f}", flush=True)
     print(f"storage {where}")
     settled_ratio = statistics.median(steady[True]) / statistics.median(steady[False])
@@ -214,14 +226,13 @@ def main() -> None:
 def to_end(args: argparse.Namespace, where: Path) -> None:
     """The fused study alone, until it ends (or ``--seconds``, then Ctrl-C): its wall time and
     member-iterations per second; last line ``finished <yes|no> <ended>/<trials> in <wall> s``."""
-    iterations, _, wall, first, _, _ = run_for(args, True, where / "fused")
+    run = run_for(args, True, where / "fused")
     table = pd.read_parquet(where / "fused" / "s" / "trials" / f"study={NAME}")
     ended = int(table["status"].isin(["completed", "early_stopped", "diverged"]).sum())
-    rate = iterations / wall
-    print(f"fused K={args.fuse}: {iterations:,} member-iterations in {wall:.1f} s ({rate:.1f} a second),")
-    print(f"  first report after {first:.0f} s, {ended} of {args.num_samples} trials ended; storage {where}")
-    done = "yes" if ended == args.num_samples else "no"
-    print(f"finished {done} {ended}/{args.num_samples} in {wall:.1f} s", flush=True)
+    n, wall, made = args.num_samples, run.wall, run.iterations
+    print(f"fused K={args.fuse}: {made:,} member-iterations in {wall:.1f} s ({made / wall:.1f} a second),")
+    print(f"  first report after {run.first:.0f} s, {ended} of {n} trials ended; storage {where}")
+    print(f"finished {'yes' if ended == n else 'no'} {ended}/{n} in {wall:.1f} s", flush=True)
 
 
 if __name__ == "__main__":

@@ -59,12 +59,10 @@ class StudyReader(Command):
                 fail(f"could not read or write storage {storage}: {' '.join(str(e).split())}")
             except (SpecError, LeaseHeld) as e:
                 fail(str(e))
-        except KeyboardInterrupt:  # these commands change no study: running them again is the cure
-            print(f"{PROG}: interrupted{self.interrupted}; run it again: {run_again()}", file=sys.stderr)
-            return EXIT_INTERRUPTED
-        except Exception as e:
-            if not caused_by_ctrl_c(e):  # a Ctrl-C inside an import's class body, else a bug
+        except (KeyboardInterrupt, Exception) as e:  # a Ctrl-C, also one wrapped by an import's class body
+            if not caused_by_ctrl_c(e):  # a bug: its traceback as it was
                 raise
+            # these commands change no study: running them again is the cure
             print(f"{PROG}: interrupted{self.interrupted}; run it again: {run_again()}", file=sys.stderr)
             return EXIT_INTERRUPTED
 

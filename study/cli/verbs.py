@@ -154,11 +154,8 @@ def entry() -> NoReturn:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else EXIT_USAGE)
         if not isinstance(e.code, int) and e.code is not None:
             print(e.code, file=sys.stderr)
-    except KeyboardInterrupt:  # before a command's own handling began (its arguments being read)
-        print(f"{PROG}: interrupted before it started; run it again: {run_again()}", file=sys.stderr)
-        code = EXIT_INTERRUPTED
-    except RuntimeError as e:  # the same, inside an import's class body (`caused_by_ctrl_c`)
-        if not caused_by_ctrl_c(e):
+    except (KeyboardInterrupt, RuntimeError) as e:  # a Ctrl-C before a command's own handling began
+        if not caused_by_ctrl_c(e):  # (also one wrapped by an import's class body), else a bug
             raise
         print(f"{PROG}: interrupted before it started; run it again: {run_again()}", file=sys.stderr)
         code = EXIT_INTERRUPTED

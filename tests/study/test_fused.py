@@ -131,7 +131,7 @@ config = ParityConfig(n_elems=4, n_hidden=8, batch_size=8, eval_samples=8, devic
 fusers = []
 for trial in range(5):
     answer, fuser = registry.place(f"t{trial}", node, "0", config, None)
-    fusers.append(str(fuser._actor_id) if fuser is not None else answer)
+    fusers.append(ray.get(fuser.describe.remote())[1] if fuser is not None else answer)  # its id
 print("PLACED", fusers, flush=True)
 """
 
