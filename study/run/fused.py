@@ -14,10 +14,15 @@ CPUs and GPU one group uses.
   checkpoint is with its trainable, which joins again from it if it is asked to go on).
 - A fuser trains one device's members of one shape (`ponder.fused.fusable_key`): trials that
   differ in ``n_hidden``, ``batch_size`` or the task go to different fusers.
-- The fusers belong to one `FuserRegistry` actor that the driver starts and stops: a driver that
-  dies takes its fusers with it, and the trials of a resumed study join new ones from their
-  checkpoints. A fuser that fails exits; its members' trainables join a new one from their last
-  checkpoints, which continue exactly (a member's checkpoint is a plain `Trainer` checkpoint).
+- The fusers belong to one `FuserRegistry` actor that the driver starts and stops, on the driver's
+  own node: a study survives any node but the driver's, as unfused trials do. A lost node takes
+  only its own fusers; their trials, retried by Tune on another node, join fusers there from
+  their checkpoints. A driver that dies takes its registry and fusers with it, and the trials of
+  a resumed study join new ones. A fuser that fails exits; its members' trainables join a new one
+  from their last checkpoints, which continue exactly (a member's checkpoint is a plain `Trainer`
+  checkpoint). A registry that fails is restarted by Ray on the driver's node (with none of its
+  fusers: they end with it), and trials waiting for it wait on; one that is gone for good
+  (`FusionLost`) ends the trial with one line saying so.
 
 Ray is imported here (this is the run layer); torch only inside the actors.
 """
@@ -40,10 +45,10 @@ from pathlib import Path
 from typing import Any
 
 import ray
-from ray.exceptions import RayActorError
+from ray.exceptions import ActorDiedError, RayActorError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-__all__ = ["FusedRun", "FuserRegistry", "Fusion", "start_fusion", "stop_fusions"]
+__all__ = ["FusedRun", "FuserRegistry", "Fusion", "FusionLost", "start_fusion", "stop_fusions"]
 
 log = logging.getLogger("ponder-study")
 
@@ -339,6 +344,19 @@ def _new_fuser(capacity: int, threads: int, unroll: int, node_id: str, gpu: str 
     return ray.remote(Fuser).options(**options).remote(capacity, threads, unroll)
 
 
+REGISTRY_RESTARTS = 5
+"""How often Ray restarts a registry that failed (a crash, not its node's loss: that is the
+driver's, and the study's, end)."""
+
+REGISTRY_PATIENCE_S = 120.0
+"""How long a trial waits for a registry that Ray is restarting before it gives up (`FusionLost`)."""
+
+
+class FusionLost(RuntimeError):
+    """The study's fuser registry is gone for good: the trial cannot train fused until the study
+    is resumed (its driver stopped, or the driver's node left the cluster)."""
+
+
 _registries: list[Any] = []
 """The driver's registries' handles, held so that none is collected while the driver runs."""
 
@@ -351,9 +369,18 @@ def start_fusion(
     ``group_cpus``, ``group_gpus``: what one group uses (``[resources]``); ``unroll``: the study's
     longest max_steps (`ponder.fused_trainer.FusedTrainer`'s)."""
     name = f"ponder-fusers-{uuid.uuid4().hex[:12]}"
+    # on the driver's node, not wherever Ray finds room: a worker node that leaves would take the
+    # registry, and with it every fuser it owns on every node, not just its own trials
+    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
     registry = (
         ray.remote(FuserRegistry)
-        .options(name=name, num_cpus=0)
+        .options(
+            name=name,
+            num_cpus=0,
+            scheduling_strategy=here,
+            max_restarts=REGISTRY_RESTARTS,  # a crash restarts it there, empty: trials join anew
+            max_task_retries=REGISTRY_RESTARTS,
+        )
         .remote(capacity, threads, group_cpus, group_gpus, unroll)
     )
     _registries.append(registry)
@@ -436,15 +463,12 @@ class FusedRun:
         if _last_member is not None and _last_member[0] != self.trial_id:
             with contextlib.suppress(RayActorError):
                 _last_member[1].leave.remote(_last_member[0])
-        registry = ray.get_actor(self.fusion.registry)
         gpus = ray.get_gpu_ids()
         gpu = str(gpus[0]) if gpus else None
         node_id = ray.get_runtime_context().get_node_id()
         waited = time.monotonic()
         while True:
-            place: Any = registry.place.remote(self.trial_id, node_id, gpu, self.config, self.state)
-            placed: tuple[str, Any] = ray.get(place)
-            answer, fuser = placed
+            answer, fuser = self._place(node_id, gpu)
             if answer != "full":
                 break
             if time.monotonic() - waited > 60:
@@ -459,6 +483,38 @@ class FusedRun:
         _last_member = (self.trial_id, fuser)
         self.device, self.group = ray.get(fuser.describe.remote())
         return True
+
+    def _place(self, node_id: str, gpu: str | None) -> tuple[str, Any]:
+        """The registry's `FuserRegistry.place` for this run; waits while Ray restarts a registry
+        that failed, and raises `FusionLost` once it is gone for good."""
+        lost_since = None
+        while True:
+            try:
+                registry = ray.get_actor(self.fusion.registry)
+                place: Any = registry.place.remote(self.trial_id, node_id, gpu, self.config, self.state)
+                placed: tuple[str, Any] = ray.get(place)
+                return placed
+            except ValueError as e:  # no actor of that name: the driver stopped it, or it died for good
+                reason = f"{e}"
+            except ActorDiedError as e:  # its node (the driver's) left, or its restarts are spent
+                reason = _first_line(e)
+            except RayActorError as e:  # restarting, or unreachable for a moment
+                reason = _first_line(e)
+                if lost_since is None:
+                    lost_since = time.monotonic()
+                    log.warning("trial %s: the fuser registry is unreachable (%s)", self.trial_id, reason)
+                if time.monotonic() - lost_since < REGISTRY_PATIENCE_S:
+                    time.sleep(1.0)
+                    continue
+            raise FusionLost(
+                f"trial {self.trial_id} cannot reach the study's fuser registry ({reason}): it lived "
+                "on the driver's node; resume the study to train this trial in a new fused group"
+            )
+
+
+def _first_line(error: BaseException) -> str:
+    lines = str(error).strip().splitlines()
+    return lines[0] if lines else type(error).__name__
 
 
 _last_member: tuple[str, Any] | None = None

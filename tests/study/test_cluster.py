@@ -10,6 +10,8 @@ S3 (moto's server), reached by Ray, pyarrow and the CLI through the standard AWS
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -212,29 +214,88 @@ def test_a_lost_node_costs_only_the_work_since_the_last_checkpoint(
     print(f"\ncluster start-up {cluster.startup_s:.1f} s; retries {moved['retries'].tolist()}")
 
 
-def test_fused_trials_train_one_group_per_node_and_gpu(cluster: LocalCluster, s3: S3, tmp_path: Path) -> None:
+def _actor_nodes(address: str, class_name: str) -> set[str]:
+    """The node ids of the live actors of ``class_name`` on the cluster (read from its GCS by a
+    short-lived driver of its own, so this test process never joins the cluster)."""
+    script = (
+        "import json, sys, ray; from ray._private import state\n"
+        f"ray.init(address={address!r}, include_dashboard=False, log_to_driver=False)\n"
+        "print(json.dumps([a['Address']['NodeID'] for a in state.actors().values()"
+        f" if a['ActorClassName'] == {class_name!r} and a['State'] == 'ALIVE']))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return set(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+def test_fused_trials_train_one_group_per_node_and_gpu_and_survive_a_lost_node(
+    cluster: LocalCluster, s3: S3, tmp_path: Path
+) -> None:
     """``fuse = 2`` on the two GPU workers: each trial reserves half a group's CPUs and GPU, so a
     worker's 2 CPUs hold 2 trials and the 8 trials wanted at once need both workers; each node and
     GPU trains its trials as one group (never a group across two), and every trial is still its
-    own row, reports and checkpoint, on S3."""
+    own row, reports and checkpoint, on S3. The fusers' registry lives on the driver's node (the
+    head), so when a worker is removed mid-study (the registry's, if Ray had put it on one) only
+    that worker's trials move, from their checkpoints, and the study finishes whole."""
     bucket = s3.bucket()
     storage = f"{bucket}/ponder"
-    spec = _spec(tmp_path, iterations=200, eval_interval=50, grace=100, num_samples=8)
+    every = 50
+    spec = _spec(tmp_path, iterations=300, eval_interval=every, grace=100, num_samples=8)
     spec.write_text(
         spec.read_text()
         .replace("gpu = 0.5\n", "gpu = 1\nfuse = 2\n")
         .replace("cpu = 1\n", "cpu = 2\n")
         .replace("max_concurrent = 4", "max_concurrent = 8")
     )
-    done = cli("run", str(spec), "--name", "fused", "--address", cluster.address, "--storage", storage)
-    assert done.returncode == 0, done.stderr[-3000:]
+    run = Driver(
+        "run",
+        str(spec),
+        "--name",
+        "fused",
+        "--address",
+        cluster.address,
+        "--storage",
+        storage,
+        log=tmp_path / "driver.log",
+    )  # fmt: skip  (the progress table on, as a user runs it)
+    reports_dir = f"{storage}/studies/fused/reports".removeprefix("s3://")
+    tune_dir = f"{storage}/tune/fused/".removeprefix("s3://")
+    worker_ids = {w.node_id: w for w in cluster.workers}
+
+    def both_workers_checkpointed() -> bool:  # a trial on each worker has a checkpoint to go on from
+        files = s3.files(f"{storage}/tune/fused")
+        trials = {f.removeprefix(tune_dir).split("/")[0] for f in files if f.endswith("/trainer.pt")}
+        return len(trials) >= 4
+
+    try:
+        run.wait_until(both_workers_checkpointed, timeout=240)
+        registry = _actor_nodes(cluster.address, "FuserRegistry")
+        assert registry == {cluster.cluster.head_node.node_id}, (registry, list(worker_ids))
+        # the worker to lose: the registry's, had it been on one; else the second
+        lost = next((worker_ids[n] for n in registry if n in worker_ids), cluster.workers[1])
+        cluster.cluster.remove_node(lost)
+        assert run.finish(timeout=480) == 0, run.output()[-3000:]
+    finally:
+        if run.proc.poll() is None:
+            run.kill()
+        for i, worker in enumerate(cluster.workers):  # the module's cluster keeps two workers
+            if worker not in cluster.cluster.list_all_nodes():
+                cluster.workers[i] = cluster.cluster.add_node(
+                    num_cpus=2, num_gpus=2, node_ip_address=WORKER_IPS[i]
+                )
+        cluster.cluster.wait_for_nodes()
 
     df = _read(s3, f"{storage}/trials/study=fused")
-    assert len(df) == 8 and set(df["status"]) <= FINAL
+    assert len(df) == 8 and df["trial_id"].is_unique and set(df["status"]) <= FINAL, df[["status", "error"]]
     assert (df["device"] == "cpu").all() and df["gpu_ids"].isin(["0", "1"]).all()
+    assert (df["retries"] >= 1).any()  # the lost worker's trials were retried elsewhere
+    h = _read(s3, f"{storage}/history/study=fused")
+    for trial_id, rows in h.groupby("trial_id"):  # every report once, none missing
+        last = int(df.set_index("trial_id").at[trial_id, "iteration"])
+        assert sorted(rows["iteration"]) == list(range(every, last + 1, every)), trial_id
     where: dict[str, set[tuple[str, str]]] = {}  # fused group -> the (node, GPU) of its reports
     members = 0
-    for path in s3.files(f"{storage}/studies/fused/reports"):
+    for path in s3.files(reports_dir):
         for line in s3.fs().open_input_stream(path).readall().splitlines():
             report = json.loads(line)
             where.setdefault(report["fuse_group"], set()).add((report["node_id"], report["gpu_ids"]))
@@ -242,3 +303,12 @@ def test_fused_trials_train_one_group_per_node_and_gpu(cluster: LocalCluster, s3
     assert all(len(places) == 1 for places in where.values()), where  # a group is one node's GPU
     assert len({node for places in where.values() for node, _ in places}) == 2  # both workers trained
     assert members >= 2  # trials were trained together
+
+    journal = tmp_path / "optuna.journal"
+    journal.write_bytes(s3.fs().open_input_stream(f"{storage[5:]}/studies/fused/optuna.journal").readall())
+    study = optuna.load_study(
+        study_name="fused",
+        storage=optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(journal))),
+    )
+    states = Counter(t.state for t in study.trials)
+    assert states[optuna.trial.TrialState.RUNNING] == 0 and sum(states.values()) == 8, states

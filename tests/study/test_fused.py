@@ -151,3 +151,42 @@ def test_a_gpu_holds_as_many_fused_groups_as_it_has_group_shares(group_gpus: flo
     joined = fusers[: 2 * groups]
     assert len(set(joined)) == groups and "full" not in joined  # 2 members a group
     assert fusers[2 * groups :] == ["full"] * (5 - 2 * groups)  # no more groups than the GPU holds
+
+
+_LOSE_THE_REGISTRY = """
+import ray
+from ponder.config import ParityConfig
+from study.run.fused import FusedRun, FusionLost, start_fusion
+ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+fusion, registry = start_fusion(capacity=2, threads=1, group_cpus=1)
+node = ray.get_runtime_context().get_node_id()
+config = ParityConfig(n_elems=4, n_hidden=8, batch_size=8, eval_samples=8, device="cpu").to_dict()
+run = FusedRun(fusion, "t0", config)
+print("FIRST", run._place(node, None)[0], flush=True)
+ray.kill(registry, no_restart=False)  # a crash: Ray restarts it, empty
+print("RESTARTED", FusedRun(fusion, "t1", config)._place(node, None)[0], flush=True)
+ray.kill(registry, no_restart=True)  # gone for good
+try:
+    FusedRun(fusion, "t2", config)._place(node, None)
+except FusionLost as e:
+    print("LOST", str(e).replace(chr(10), "|"), flush=True)
+"""
+
+
+def test_a_trial_waits_for_a_restarted_registry_and_says_in_one_line_when_it_is_gone() -> None:
+    """A registry that crashes is restarted by Ray and a trial joins through it again; one that is
+    gone for good fails the trial with `FusionLost`, one line saying what happened and what to do."""
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    out = subprocess.run(
+        [sys.executable, "-c", _LOSE_THE_REGISTRY],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=env,
+        timeout=180,
+    )
+    lines = dict(line.split(" ", 1) for line in out.stdout.splitlines() if line.split(" ", 1)[0].isupper())
+    assert out.returncode == 0 and "LOST" in lines, out.stdout[-2000:] + out.stderr[-3000:]
+    assert lines["FIRST"] == "joined" and lines["RESTARTED"] == "joined"
+    assert "|" not in lines["LOST"] and "trial t2 cannot reach the study's fuser registry" in lines["LOST"]
+    assert "resume the study" in lines["LOST"]
