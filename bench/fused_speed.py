@@ -21,21 +21,39 @@ their share of the group's time at the default ``eval_interval``; last line ``ra
 K=<k>``. ``--compile`` runs the fused step through ``torch.compile`` (its first iteration, the
 compile, is not timed; on a CPU a cold compile takes a minute or more per K).
 
+``--count-ops`` times nothing: it counts what a fused iteration costs a device that pays per
+launch, at each K of ``--ks`` (default 8,256,1024): the aten ops one eager `FusedTrainer.train_step`
+dispatches (a `TorchDispatchMode` around it; on a GPU each is a launch or more) and the host syncs
+it makes (reads of a tensor's values: ``item``, ``tolist``, ``bool``, ``nonzero``, ...), then a
+plain `Trainer.train_step`'s, and a report's (`FusedTrainer.step` at the members' report); last
+line ``growth K=<k>:<ratio> ... syncs <n>``, the ratios against K = 8 and the syncs an iteration
+between reports (the most at any K).
+
     .venv/bin/python bench/fused_speed.py [--threads 2] [--iters 20] [--rounds 5] [--ks 1,2,4,8,16]
         [--max-steps 4-20] [--compile]
+    .venv/bin/python bench/fused_speed.py --count-ops [--ks 8,256,1024]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
 import io
 import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from ponder.config import ParityConfig
 from ponder.fused_trainer import FusedTrainer
 from ponder.trainer import Trainer
+
+KS = "1,2,4,8,16"
 
 
 def member_config(k: int, device: str = "cpu", max_steps: int = 20) -> ParityConfig:
@@ -86,13 +104,108 @@ def time_reports(fused: FusedTrainer, members: int = 8) -> tuple[float, float]:
     return evaluation, (time.perf_counter() - start) / len(slots)
 
 
+SYNC_OPS = ("_local_scalar_dense", "nonzero", "masked_select", "unique", "equal", "is_nonzero")
+"""aten ops whose result the host must wait for (a value read back, or a shape that depends on
+values); ``Tensor.tolist`` and ``Tensor.numpy`` read back without dispatching one, and are counted
+by name."""
+
+
+@dataclass
+class OpCount:
+    """What a piece of code dispatched: aten ops by name, and host syncs."""
+
+    ops: Counter[str] = field(default_factory=Counter)
+    syncs: int = 0
+
+    @property
+    def total(self) -> int:
+        return sum(self.ops.values())
+
+
+@contextlib.contextmanager
+def counting() -> Iterator[OpCount]:
+    """Count the aten ops dispatched and the host syncs made inside the block."""
+    count = OpCount()
+
+    class Mode(TorchDispatchMode):
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            name = func.overloadpacket.__name__
+            count.ops[name] += 1
+            count.syncs += name in SYNC_OPS
+            return func(*args, **(kwargs or {}))
+
+    reads = {name: getattr(torch.Tensor, name) for name in ("tolist", "numpy")}
+
+    def counted(read: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapper(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            count.syncs += 1
+            return read(self, *args, **kwargs)
+
+        return wrapper
+
+    try:
+        for name, read in reads.items():
+            setattr(torch.Tensor, name, counted(read))
+        with Mode():
+            yield count
+    finally:
+        for name, read in reads.items():
+            setattr(torch.Tensor, name, read)
+
+
+def count_fused(k: int, iterations: int = 3) -> tuple[OpCount, OpCount]:
+    """(one iteration between reports, one iteration at which every member reports) of a fused
+    group of K members at ParityConfig's defaults (max_steps 20), eager, on the CPU."""
+    fused = FusedTrainer(k, "cpu", compile=False)
+    interval = iterations + 1
+    for i in range(k):
+        fused.join(dataclasses.replace(member_config(i), eval_interval=interval, eval_samples=8))
+    for _ in range(iterations - 1):  # warm-up: Adam's first step, the plan
+        fused.step()
+    with counting() as between:
+        fused.step()
+    with counting() as report:
+        due = fused.step()
+    assert len(due) == k, "every member reports at the counted report"
+    return between, report
+
+
+def count_plain() -> OpCount:
+    """One plain `Trainer.train_step` at ParityConfig's defaults, eager, on the CPU."""
+    trainer = Trainer(member_config(0))
+    trainer.train_step()
+    with counting() as count:
+        trainer.train_step()
+    return count
+
+
+def print_counts(ks: list[int]) -> None:
+    """The op and sync counts of a fused iteration at each K, against the first K; the last line
+    says the growth and the most syncs an iteration between reports made."""
+    counts = {k: count_fused(k) for k in ks}
+    plain = count_plain()
+    base = counts[ks[0]][0].total
+    print("aten ops and host syncs of one training iteration (parity defaults, max_steps 20, eager, CPU)")
+    head = f"against K={ks[0]}"
+    print(f"{'':16} {'ops':>8} {'a member':>9} {head:>13} {'syncs':>6} {'syncs a member at a report':>27}")
+    print(f"{'plain Trainer':16} {plain.total:8,} {plain.total:9,} {'':>13} {plain.syncs:6}")
+    for k, (between, report) in counts.items():
+        label, ratio = f"fused K={k}", between.total / base
+        print(
+            f"{label:16} {between.total:8,} {between.total / k:9.1f} {ratio:13.2f} {between.syncs:6} "
+            f"{report.syncs / k:27.1f}"
+        )
+    growth = " ".join(f"K={k}:{counts[k][0].total / base:.2f}" for k in ks[1:])
+    print(f"growth {growth} syncs {max(between.syncs for between, _ in counts.values())}")
+
+
 def main() -> None:
     raw = argparse.RawDescriptionHelpFormatter
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=raw)
     parser.add_argument("--threads", type=int, default=2, help="torch.set_num_threads (default 2)")
     parser.add_argument("--iters", type=int, default=20, help="timed iterations per round (default 20)")
     parser.add_argument("--rounds", type=int, default=5, help="alternating rounds (default 5)")
-    parser.add_argument("--ks", default="1,2,4,8,16", help="members per fused group (default 1,2,4,8,16)")
+    parser.add_argument("--ks", default=KS, help=f"members per fused group (default {KS})")
     parser.add_argument("--compile", action="store_true", help="torch.compile the fused step")
     parser.add_argument(
         "--device", default="cpu", help="cpu, or cuda (the plain Trainer then compiles, as it does there)"
@@ -102,8 +215,17 @@ def main() -> None:
         default="",
         help="LOW-HIGH: the members' max_steps spread over a range (default 20 all)",
     )
+    parser.add_argument(
+        "--count-ops",
+        action="store_true",
+        help="count aten ops and host syncs a fused iteration makes at each K (default --ks 8,256,1024)",
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    if args.count_ops:
+        torch.set_num_threads(1)
+        print_counts([int(k) for k in (args.ks if args.ks != KS else "8,256,1024").split(",")])
+        return
     ks = [int(k) for k in args.ks.split(",")]
     low, high = (int(v) for v in args.max_steps.split("-")) if args.max_steps else (20, 20)
     steps = {k: [spread(i, k, low, high) for i in range(k)] for k in ks}  # each member's max_steps

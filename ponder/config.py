@@ -35,6 +35,8 @@ PriorTail = Literal["renormalise", "last_step", "truncate"]
 KLDirection = Literal["forward", "reverse"]
 """``forward``: KL(p || p_G), the paper's. ``reverse``: KL(p_G || p), the seeds' (labml) one
 (`ponder.losses.kl_to_prior`)."""
+DataStream = Literal["counter", "generator"]
+"""Where a run's training batches come from (`PonderConfig.data_stream`)."""
 CompileMode = Literal["auto", "on", "off"]
 """Whether the training step runs through ``torch.compile``: ``auto`` where it pays (see
 `ponder.compiled.should_compile`), ``on``, ``off``."""
@@ -51,8 +53,10 @@ def compiles_on(mode: CompileMode, device_type: str) -> bool:
 
 __all__ = [
     "CONFIGS",
+    "STORED_DEFAULTS",
     "CompileMode",
     "ConfigError",
+    "DataStream",
     "FieldInfo",
     "KLDirection",
     "MnistConfig",
@@ -65,6 +69,7 @@ __all__ = [
     "config_from_dict",
     "fields_of",
     "resolve_config",
+    "stored_config",
 ]
 
 
@@ -113,6 +118,11 @@ class PonderConfig:
     after about 40,000 iterations, so set ``on`` there), on, off. The same numbers up to float
     rounding: ``auto`` never switches a run's mode between its resumes (``--compile`` on a resume
     does, when asked)."""
+    data_stream: DataStream = "counter"
+    """Where training batches come from: counter (a hash of seed, iteration and position, the same
+    on every device, drawn for a whole fused group at once; `ponder.streams`) or generator (a
+    torch.Generator seeded by seed: the stream of runs made before counter existed, which a
+    stored config without this field means)."""
 
     def __post_init__(self) -> None:
         self._check_types()
@@ -235,9 +245,13 @@ class MnistConfig(PonderConfig):
     """Rotate training images by this many degrees (22.5 in the seeds' extrapolation run)."""
     eval_rotations: tuple[float, ...] = (22.5, 45.0, 67.5, 90.0)
     """Extra evaluation sets: the test images rotated by each of these angles in degrees."""
+    data_stream: DataStream = "generator"
+    """Where training batches and dropout masks come from: generator only for MNIST (its dropout
+    draws from torch's global generator)."""
 
     def validate(self) -> None:
         super().validate()
+        _check(self.data_stream == "generator", "data_stream", self.data_stream, "generator for mnist")
         _check(self.n_embed >= 1, "n_embed", self.n_embed, ">= 1")
         _check(0.0 <= self.dropout < 1.0, "dropout", self.dropout, "in [0, 1)")
         self.eval_rotations = tuple(float(a) for a in self.eval_rotations)
@@ -365,6 +379,18 @@ def _field_docs(cls: type) -> dict[str, str]:
             ):
                 docs[stmt.target.id] = " ".join(nxt.value.value.split())
     return docs
+
+
+STORED_DEFAULTS: dict[str, Any] = {"data_stream": "generator"}
+"""What a stored config (a checkpoint's, a Tune trial's, a Parquet row's, a study's saved spec)
+meant by a field it does not have: it was written before the field existed. A new config's
+default may differ (``data_stream``: ``counter``)."""
+
+
+def stored_config(values: Mapping[str, Any]) -> dict[str, Any]:
+    """``values`` (a stored config dict) with the fields it predates set as it meant them
+    (`STORED_DEFAULTS`): a run made before counter streams goes on with its generator stream."""
+    return {**STORED_DEFAULTS, **values}
 
 
 def config_from_dict(values: dict[str, Any]) -> TaskConfig:

@@ -32,6 +32,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ponder.config import KLDirection, PonderConfig
+from ponder.data.parity import stream_batches
+from ponder.streams import iteration_keys, stream_words
 from ponder.trainer import resolve_device
 
 __all__ = [
@@ -45,13 +47,25 @@ __all__ = [
     "fused_gru_unroll",
     "fused_log_halting_distribution",
     "fused_ponder_loss",
+    "fused_stream_forward_loss",
     "padded_log_prior",
 ]
 
-FUSED_KEY_FIELDS = ("task", "n_elems", "n_hidden", "batch_size", "kl_direction", "device", "compile")
+FUSED_KEY_FIELDS = (
+    "task",
+    "n_elems",
+    "n_hidden",
+    "batch_size",
+    "kl_direction",
+    "device",
+    "compile",
+    "data_stream",
+)
 """Config fields every member of one fused group shares. The shapes (n_elems, n_hidden, batch_size)
 are the stacked tensors' shapes; the KL direction is a different formula, not a masked value; the
-device holds every tensor; ``compile`` is how the group's step runs (`ponder.compiled.should_compile`
+device holds every tensor; the data stream is how the group draws its batches (counter: all at
+once; generator: one draw per member, for runs made before counter streams); ``compile`` is how
+the group's step runs (`ponder.compiled.should_compile`
 on the device, as for a plain run). Everything else is per member: lambda_p and prior_tail (its own log
 prior row), beta, lr, grad_clip (per-row scalars), seed (its own weights, data and evaluation
 sets), max_steps (masked, module docstring), the nonzero range, the budget and the NaN limit."""
@@ -272,6 +286,35 @@ def fused_forward_loss(
     y_hat, lambda_logits = fused_forward(layout.unflatten(flat), x, n_steps, active)  # [K, N, B] each
     log_p = fused_log_halting_distribution(lambda_logits, max_steps)  # [K, N, B]
     return fused_ponder_loss(y_hat, log_p, y, log_prior, beta, max_steps, kl_direction)
+
+
+def fused_stream_forward_loss(
+    layout: ParamLayout,
+    flat: torch.Tensor,
+    base: torch.Tensor,
+    k0: torch.Tensor,
+    iterations: torch.Tensor,
+    low: torch.Tensor,
+    high: torch.Tensor,
+    batch_size: int,
+    log_prior: torch.Tensor,
+    beta: torch.Tensor,
+    max_steps: torch.Tensor,
+    n_steps: int,
+    kl_direction: KLDirection,
+    active: Sequence[int] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`fused_forward_loss` on each row's own counter-stream batch at its own iteration: the
+    batches of all K rows drawn by one set of ops (`ponder.data.parity.stream_batches`), inside
+    what is compiled, so a compiled group's data, forward pass and loss are one graph.
+
+    ``base`` ``[K, W]`` and ``k0`` ``[K]``: each row's `ponder.streams.stream_base` and seed key;
+    ``iterations`` ``[K]``: the iteration each row draws for; ``low``, ``high`` ``[K]``: its
+    non-zero range."""
+    n_elems = layout.shapes[layout.names.index("step.cell.weight_ih")][1]  # I, the inputs
+    words = stream_words(base, iteration_keys(k0, iterations))  # [K, W]
+    x, y = stream_batches(words, batch_size, n_elems, low, high)  # [K, B, I], [K, B]
+    return fused_forward_loss(layout, flat, x, y, log_prior, beta, max_steps, n_steps, kl_direction, active)
 
 
 def padded_log_prior(log_prior: torch.Tensor, n_steps: int) -> torch.Tensor:

@@ -17,15 +17,16 @@ k with t its step count after this update (``amsgrad``, ``maximize`` and weight 
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 __all__ = ["RowAdam"]
 
 
 class RowAdam:
-    """Adam moments for ``capacity`` rows of ``size`` parameters, with a step count per row."""
+    """Adam moments for ``capacity`` rows of ``size`` parameters, with a step count per row.
+
+    Everything per row lives on the device (the step counts, the learning rates, which rows
+    update), so a step reads nothing back to the host and has the same ops whatever rows update."""
 
     def __init__(
         self,
@@ -39,8 +40,13 @@ class RowAdam:
         self.eps = eps
         self.exp_avg = torch.zeros(capacity, size, device=device)  # m  # [K, P]
         self.exp_avg_sq = torch.zeros(capacity, size, device=device)  # v  # [K, P]
-        self.steps = [0] * capacity
-        """Updates made per row: t, the exponent of the bias correction."""
+        self.steps = torch.zeros(capacity, dtype=torch.float64, device=device)  # [K]
+        """Updates made per row: t, the exponent of the bias correction (float64, as torch's
+        kernel computes the bias correction in double)."""
+
+    def step_count(self, row: int) -> int:
+        """Updates made by ``row`` so far (reads the device)."""
+        return int(self.steps[row])
 
     def reset(
         self,
@@ -56,24 +62,18 @@ class RowAdam:
         self.steps[row] = step
 
     @torch.no_grad()
-    def step(self, params: torch.Tensor, grad: torch.Tensor, update: list[bool], lrs: list[float]) -> None:
-        """One Adam step of the rows whose ``update`` is True, each at its own lr; the other rows
-        (skipped, free, finished), their moments and step counts do not move, whatever their
-        gradient holds (a NaN in a skipped row is never read into an update)."""
+    def step(self, params: torch.Tensor, grad: torch.Tensor, update: torch.Tensor, lrs: torch.Tensor) -> None:
+        """One Adam step of the rows whose ``update`` ``[K]`` (bool) is True, each at its own lr
+        ``[K]`` (float64); the other rows (skipped, free, finished), their moments and step counts
+        do not move, whatever their gradient holds (a NaN in a skipped row is never read into an
+        update)."""
         beta1, beta2 = self.betas
-        rows = [k for k, u in enumerate(update) if u]
-        if not rows:
-            return
-        step_size, bc2_sqrt = [0.0] * len(update), [1.0] * len(update)
-        for k in rows:
-            self.steps[k] += 1
-            t = self.steps[k]
-            step_size[k] = lrs[k] / (1 - beta1**t)  # lr / (1 - beta1^t), in double as torch's kernel
-            bc2_sqrt[k] = math.sqrt(1 - beta2**t)
-        dev = params.device
-        mask = torch.tensor(update, device=dev)[:, None]  # [K, 1]
-        neg_step = torch.tensor([-s for s in step_size], device=dev)[:, None]  # [K, 1]
-        bc2 = torch.tensor(bc2_sqrt, device=dev)[:, None]  # [K, 1]
+        mask = update[:, None]  # [K, 1]
+        self.steps.add_(update)  # t after this update, for the rows that update
+        t = self.steps.clamp(min=1.0)  # rows that never updated: any finite correction, unused
+        # lr / (1 - beta1^t) and sqrt(1 - beta2^t) in double, then float32, as torch's kernel
+        neg_step = (-lrs / (1 - beta1**t)).float()[:, None]  # [K, 1]
+        bc2 = (1 - beta2**t).sqrt().float()[:, None]  # [K, 1]
         g = torch.where(mask, grad, torch.zeros_like(grad))  # rows that do not update read 0, not NaN
         m = torch.lerp(self.exp_avg, g, 1 - beta1)  # [K, P]
         v = self.exp_avg_sq * beta2 + (1 - beta2) * g * g  # [K, P]

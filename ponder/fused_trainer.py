@@ -15,6 +15,14 @@ and `leave` give exactly what the plain `Trainer` gives: its metrics dict, its c
 `Trainer.from_state` continues exactly). The numbers equal a plain run's up to float rounding
 (batched matmuls sum in another order).
 
+Between reports an iteration reads nothing back to the host: each member's batch comes from its
+counter stream (`ponder.streams`: the one its plain trainer draws from), all K drawn by one set of
+ops; its loss sums, NaN events and iteration count accumulate on the device; a member whose loss
+is not finite is masked out of the update there, and one past its NaN limit stops updating there.
+The host reads the counters when a report falls due (for every member at once, so a member that
+diverged meanwhile reports then, at the iteration it diverged, with the weights it had), so the
+host queues iteration after iteration while the device computes.
+
 What differs from a plain run: a member's ``time_s`` is its share of the fused iterations' wall
 time (each iteration's time divided among the members it trained). The group compiles its step
 as its members' ``compile`` says on its device (`ponder.compiled.should_compile`: ``auto`` is
@@ -31,11 +39,19 @@ from typing import Any
 
 import torch
 
-from ponder.compiled import share_compile_cache, should_compile
-from ponder.config import PonderConfig
+from ponder.compiled import compile_mode, share_compile_cache, should_compile, uses_cuda_graphs
+from ponder.config import ParityConfig, PonderConfig
 from ponder.cpu import keep_freed_memory
-from ponder.fused import ParamLayout, fusable_key, fusable_mismatch, fused_forward_loss, padded_log_prior
+from ponder.fused import (
+    ParamLayout,
+    fusable_key,
+    fusable_mismatch,
+    fused_forward_loss,
+    fused_stream_forward_loss,
+    padded_log_prior,
+)
 from ponder.fused_adam import RowAdam
+from ponder.streams import seed_keys, stream_base
 from ponder.trainer import Metrics, StepResult, Trainer, resolve_device
 
 __all__ = ["COMPILED_STEPS", "FusedTrainer"]
@@ -76,18 +92,25 @@ class _Plan:
     log_prior: torch.Tensor  # [R, N]
     beta: torch.Tensor  # [R]
     max_norm: torch.Tensor  # the gradient clip, inf where off  # [R]
+    max_nan: torch.Tensor  # NaN events a member may have before it diverges  # [R]
+    low: torch.Tensor  # its non-zero range's ends  # [R]
+    high: torch.Tensor  # [R]
+    base: torch.Tensor  # its counter stream's `stream_base` (counter groups)  # [R, W]
+    k0: torch.Tensor  # its counter stream's seed key  # [R]
 
 
 class FusedTrainer:
     """Up to ``capacity`` parity runs trained together as one stacked model on ``device``.
 
-    ``compile``: run the batched forward and loss through ``torch.compile``; every slot is then
-    computed at every iteration (free ones masked) to the longest max_steps, so the compiled graph
-    keeps one shape. Eager, a member stops costing arithmetic after its own max_steps. None (the
-    default): as the members' ``compile`` says (`ponder.compiled.should_compile`, decided when
-    the first member joins; ``compile`` is one of `ponder.fused.FUSED_KEY_FIELDS`).
-    ``unroll``: compiled, unroll at least this many steps from the start (the longest max_steps
-    the members may have, where the caller knows it: one compile, not one per longer member).
+    ``compile``: run the batched data draw, forward and loss through ``torch.compile`` (on CUDA
+    captured in CUDA graphs, as a plain compiled step is: `ponder.compiled.compile_mode`); every
+    slot is then computed at every iteration (free ones masked) to the longest max_steps, so the
+    compiled graph keeps one shape. Eager, a member stops costing arithmetic after its own
+    max_steps. None (the default): as the members' ``compile`` says
+    (`ponder.compiled.should_compile`, decided when the first member joins; ``compile`` is one of
+    `ponder.fused.FUSED_KEY_FIELDS`). ``unroll``: compiled, unroll at least this many steps from
+    the start (the longest max_steps the members may have, where the caller knows it: one compile,
+    not one per longer member).
     """
 
     def __init__(
@@ -101,6 +124,7 @@ class FusedTrainer:
         self._compile = compile
         self.compiled = False
         """Whether the step runs compiled (with ``compile=None``, set when the first member joins)."""
+        self._graphs = False  # compiled on CUDA: the step replays CUDA graphs
         self._members: dict[int, _Member] = {}
         self._key: Key | None = None
         self._layout: ParamLayout | None = None
@@ -108,12 +132,22 @@ class FusedTrainer:
         self._adam: RowAdam | None = None
         self._plan: _Plan | None = None
         self._forward_loss: Callable[..., tuple[torch.Tensor, ...]] = fused_forward_loss
+        self._stream_loss: Callable[..., tuple[torch.Tensor, ...]] = fused_stream_forward_loss
         self._compiled_steps = 0  # the longest unroll compiled so far
         self._unroll = unroll
+        # what an iteration counts per slot, on the device, read when a report falls due
+        dev = self.device
+        self._iterations = torch.zeros(capacity, dtype=torch.int64, device=dev)  # the member's  # [K]
+        self._nan_events = torch.zeros(capacity, dtype=torch.int64, device=dev)  # the member's  # [K]
+        self._finite = torch.zeros(capacity, dtype=torch.int64, device=dev)  # since its last report  # [K]
+        # since its last report: loss, loss_rec, loss_reg, grad_norm  # [K, 4]
+        self._sums = torch.zeros(capacity, 4, dtype=torch.float64, device=dev)
+        self._lrs = torch.zeros(capacity, dtype=torch.float64, device=dev)  # [K]
+        self._k0 = torch.zeros(capacity, dtype=torch.int64, device=dev)  # [K]
+        self._base: torch.Tensor | None = None  # the counter streams' bases  # [K, W]
+        self._last: tuple[tuple[int, ...], torch.Tensor, torch.Tensor, torch.Tensor] | None = None
         if compile:
             self._use_compiled()
-        self.last_results: dict[int, StepResult] = {}
-        """What the last iteration did for each member it trained, by slot."""
 
     # -- slots ----------------------------------------------------------------------------------
     @property
@@ -150,8 +184,9 @@ class FusedTrainer:
     def join(self, config: PonderConfig, state: dict[str, Any] | None = None) -> int:
         """Add a run to a free slot and return the slot: a fresh run of ``config`` (the weights a
         plain `Trainer` of it starts from), or, with ``state`` (`Trainer.state_dict`'s dict), that
-        run continued exactly. ValueError if the config cannot join this group (its task, a shape
-        or the device differs: `ponder.fused.fusable_key`), no slot is free, or the run is over."""
+        run continued exactly. ValueError if the config cannot join this group (its task, a shape,
+        the data stream or the device differs: `ponder.fused.fusable_key`), no slot is free, or the
+        run is over."""
         key = fusable_key(config)
         if self._members and self._key is not None:
             mismatch = fusable_mismatch(self._key, config)
@@ -175,7 +210,19 @@ class FusedTrainer:
         assert self._weights is not None and self._layout is not None
         with torch.no_grad():
             self._weights[slot] = self._layout.read(trainer.model)
-        self._members[slot] = _Member(slot, trainer, self._load_adam(slot, trainer))
+        self._lrs[slot] = self._load_adam(slot, trainer)
+        self._iterations[slot] = trainer.iteration
+        self._nan_events[slot] = trainer.nan_events
+        self._finite[slot] = 0
+        self._sums[slot] = 0.0
+        if config.data_stream == "counter":
+            key0 = seed_keys(config.seed)
+            self._k0[slot] = key0
+            words = trainer.batch_words
+            if self._base is None or self._base.shape[1] != words:
+                self._base = torch.zeros(self.capacity, words, dtype=torch.int64, device=self.device)
+            self._base[slot] = stream_base(key0, words, self.device)[0]
+        self._members[slot] = _Member(slot, trainer, trainer.config.lr)
         self._plan = None
         return slot
 
@@ -192,10 +239,11 @@ class FusedTrainer:
         return trainer
 
     def trainer(self, slot: int) -> Trainer:
-        """The slot's member as a plain `Trainer`, synced now: its weights and Adam state are the
-        fused ones (save it with `Trainer.save`). Do not train it while it is in the group: the
-        group trains its own copy of the weights."""
+        """The slot's member as a plain `Trainer`, synced now: its weights, Adam state and counters
+        are the fused ones (save it with `Trainer.save`). Do not train it while it is in the group:
+        the group trains its own copy of the weights."""
         member = self._member(slot)
+        self._settle([slot], sums=True)
         self._write_back(member, with_adam=True)
         return member.trainer
 
@@ -204,69 +252,112 @@ class FusedTrainer:
         self._member(slot).trainer.set_iterations(iterations)
 
     # -- training --------------------------------------------------------------------------------
-    def train_step(self) -> dict[int, StepResult]:
+    def train_step(self) -> list[int]:
         """One iteration of every running member, as `Trainer.train_step` makes one for a plain
         run: a member whose loss or gradient norm is not finite skips its update and counts a NaN
-        event; the others update as if it were not there. Returns each trained slot's result."""
-        self.last_results = {}
+        event; one past its NaN limit makes no more updates; the others update as if it were not
+        there. Returns the slots trained; reads nothing back from the device (`last_results`
+        does, when asked)."""
         members = [self._members[s] for s in self.running]
         if not members:
-            return {}
+            self._last = None
+            return []
         start = time.perf_counter()
         plan = self._current_plan(members)
         weights, adam, layout = self._weights, self._adam, self._layout
         assert weights is not None and adam is not None and layout is not None
-        x, y = self._batches(members, plan)  # [R, B, I], [R, B]
+        index = plan.index
+
+        def rows(t: torch.Tensor) -> torch.Tensor:  # the plan's rows of a [K, ...] tensor  # [R, ...]
+            return t if index is None else t.index_select(0, index)
+
+        if self._graphs:
+            torch.compiler.cudagraph_mark_step_begin()  # type: ignore[no-untyped-call]  # a new iteration
+        iterations = rows(self._iterations)  # [R]
+        live = plan.mask & (rows(self._nan_events) <= plan.max_nan)  # not padding, not diverged  # [R]
         weights.grad = None
-        rows = weights if plan.index is None else weights.index_select(0, plan.index)  # [R, P]
+        flat = rows(weights)  # [R, P]
         kl = members[0].trainer.config.kl_direction
-        loss, rec, reg = self._forward_loss(
-            layout, rows, x, y, plan.log_prior, plan.beta, plan.max_steps, plan.n_steps, kl, plan.active
-        )  # [R] each
+        losses = (plan.log_prior, plan.beta, plan.max_steps, plan.n_steps, kl, plan.active)
+        if self._base is not None:  # counter streams: every row's batch drawn inside the step
+            batch_size = members[0].trainer.config.batch_size
+            stream = (plan.base, plan.k0, iterations, plan.low, plan.high, batch_size)
+            loss, rec, reg = self._stream_loss(layout, flat, *stream, *losses)  # [R] each
+        else:  # generator streams: a draw per member, as their plain runs made
+            x, y = self._batches(members, plan)  # [R, B, I], [R, B]
+            loss, rec, reg = self._forward_loss(layout, flat, x, y, *losses)  # [R] each
         # a member's non-finite loss is masked out before backward: its row gets no gradient that
         # counts, and the other rows' gradients never see it (each loss reads its own row only)
-        loss_ok = torch.isfinite(loss) & plan.mask  # [R]
+        loss_ok = torch.isfinite(loss) & live  # [R]
         torch.where(loss_ok, loss, torch.zeros_like(loss)).sum().backward()  # type: ignore[no-untyped-call]
         grad = weights.grad
         assert grad is not None
-        grad_rows = grad if plan.index is None else grad.index_select(0, plan.index)  # [R, P]
+        grad_rows = rows(grad)  # [R, P]
         # per member, clip_grad_norm_: ||g_k|| over its row; g_k *= min(1, clip_k / (||g_k|| + 1e-6))
         norms = torch.linalg.vector_norm(grad_rows, dim=1)  # [R]
         norms = torch.where(loss_ok, norms, torch.full_like(norms, math.nan))
         grad_rows = grad_rows * (plan.max_norm / (norms + 1e-6)).clamp(max=1.0)[:, None]
-        if plan.index is None:
-            grad = grad_rows
+        ok = loss_ok & torch.isfinite(norms)  # updates this iteration  # [R]
+        values = torch.stack([loss.detach(), rec.detach(), reg.detach(), norms], dim=1)  # [R, 4]
+        # what `Trainer.train_step` counts: the sums of finite iterations, NaN events, iterations
+        sums = torch.where(ok[:, None], values.double(), torch.zeros_like(values, dtype=torch.float64))
+        if index is None:
+            grad, update = grad_rows, ok
+            self._sums += sums
+            self._finite += ok
+            self._nan_events += live & ~ok
+            self._iterations += live
         else:
-            grad.index_copy_(0, plan.index, grad_rows)
-        ok = loss_ok & torch.isfinite(norms)  # [R]
-        values = torch.stack([loss.detach(), rec.detach(), reg.detach(), norms, ok.float()]).tolist()
-        update, lrs = [False] * self.capacity, [0.0] * self.capacity
-        results: dict[int, StepResult] = {}
-        for i, slot in enumerate(plan.slots):
-            if not plan.trained[i]:
-                continue
-            l_, rec_, reg_, norm_, ok_ = (v[i] for v in values)
-            results[slot] = StepResult(l_, rec_, reg_, norm_, bool(ok_))
-            update[slot], lrs[slot] = bool(ok_), self._members[slot].lr
-        adam.step(weights.data, grad, update, lrs)
-        share = (time.perf_counter() - start) / len(results)  # each member's part of the wall time
-        for slot, result in results.items():
-            _record(self._members[slot].trainer, result, share)
-        self.last_results = results
+            grad.index_copy_(0, index, grad_rows)
+            update = torch.zeros(self.capacity, dtype=torch.bool, device=self.device)
+            update.index_copy_(0, index, ok)
+            self._sums.index_add_(0, index, sums)
+            self._finite.index_add_(0, index, ok.long())
+            self._nan_events.index_add_(0, index, (live & ~ok).long())
+            self._iterations.index_add_(0, index, live.long())
+        adam.step(weights.data, grad, update, self._lrs)
+        self._last = (plan.slots, plan.mask & live, values, ok)
+        share = (time.perf_counter() - start) / len(members)  # each member's part of the wall time
+        for member in members:  # the host's count; `_settle` puts a diverged member's right
+            member.trainer.iteration += 1
+            member.trainer.train_time_s += share
+        return [m.slot for m in members]
+
+    @property
+    def last_results(self) -> dict[int, StepResult]:
+        """What the last iteration did for each member it trained (not one past its NaN limit), by
+        slot; reads the device."""
+        if self._last is None:
+            return {}
+        slots, trained, values, ok = self._last
+        rows, flags, done = values.tolist(), ok.tolist(), trained.tolist()
+        results = {}
+        for i, slot in enumerate(slots):
+            if done[i]:
+                loss, rec, reg, norm = rows[i]
+                results[slot] = StepResult(loss, rec, reg, norm, bool(flags[i]))
         return results
 
     def step(self) -> dict[int, Metrics]:
         """One iteration of every running member with `Trainer.run`'s bookkeeping: a member past
         its NaN limit ends ``diverged``, one at its budget ``completed``; returns, by slot, the
         metrics that fell due (every ``eval_interval`` of the member's iterations and at its end,
-        exactly when `Trainer.run` yields them). A finished member stops training, keeping its slot."""
+        exactly when `Trainer.run` yields them). A finished member stops training, keeping its slot.
+
+        The device's counters are read only when some member's report may fall due (its interval
+        or its budget); a member that passed its NaN limit meanwhile made no update since, and
+        reports then as ``diverged`` at the iteration it diverged, as its plain run does."""
         due: dict[int, Metrics] = {}
         for slot in self.running:  # at its budget already (joined at its end): completed, untrained
             trainer = self._members[slot].trainer
             if trainer.iteration >= trainer.config.iterations:
                 trainer.outcome = "completed"
                 due[slot] = self.metrics(slot)
-        for slot in self.train_step():
+        trained = self.train_step()
+        if not any(_report_may_fall_due(self._members[s].trainer) for s in trained):
+            return due
+        self._settle(self.slots)  # one read: every member's iteration and NaN count
+        for slot in trained:
             trainer = self._members[slot].trainer
             cfg = trainer.config
             if trainer.nan_events > cfg.max_nan_events:
@@ -293,6 +384,7 @@ class FusedTrainer:
         """The slot's `Trainer.metrics`: training averages since its last metrics, its counters,
         and `Trainer.evaluate` on its evaluation sets (the plain code, on the member's weights)."""
         member = self._member(slot)
+        self._settle([slot], sums=True)
         self._write_back(member, with_adam=False)
         return member.trainer.metrics()
 
@@ -314,15 +406,38 @@ class FusedTrainer:
             raise KeyError(f"slot {slot} is free")
         return member
 
+    def _settle(self, slots: list[int], sums: bool = False) -> None:
+        """Read the device's counters of ``slots`` into their plain trainers (one read): each
+        member's iteration and NaN events, and with ``sums`` its training sums since its last
+        report, which move to the trainer (the device's are zeroed)."""
+        if not slots:
+            return
+        index = torch.tensor(slots, device=self.device)
+        counters = torch.stack([self._iterations, self._nan_events, self._finite], dim=1).double()  # [K, 3]
+        read = torch.cat([counters, self._sums], dim=1).index_select(0, index).tolist()  # [S, 7]
+        for slot, (iterations, nan_events, finite, *totals) in zip(slots, read, strict=True):
+            trainer = self._members[slot].trainer
+            trainer.iteration, trainer.nan_events = int(iterations), int(nan_events)
+            if sums:
+                for name, total in zip(("loss", "loss_rec", "loss_reg", "grad_norm"), totals, strict=True):
+                    trainer._sums[name] += total
+                trainer._finite_steps += int(finite)
+        if sums:
+            self._finite.index_fill_(0, index, 0)
+            self._sums.index_fill_(0, index, 0.0)
+
     def _use_compiled(self, compiled: bool = True) -> None:
         """Run the step through ``torch.compile`` from now on (or eagerly: ``compiled=False``)."""
         if compiled == self.compiled:
             return
-        self._forward_loss = fused_forward_loss
+        self._forward_loss, self._stream_loss = fused_forward_loss, fused_stream_forward_loss
+        self._graphs = compiled and uses_cuda_graphs(self.device)
         if compiled:
             share_compile_cache()  # the machine's Inductor cache, as `Trainer` compiles with
             # static shapes: K rows always (free slots padded), N changes only upwards
-            self._forward_loss = torch.compile(fused_forward_loss, dynamic=False)
+            mode = compile_mode(self.device)
+            self._forward_loss = torch.compile(fused_forward_loss, dynamic=False, mode=mode)
+            self._stream_loss = torch.compile(fused_stream_forward_loss, dynamic=False, mode=mode)
         self.compiled = compiled
         self._compiled_steps = 0
         self._plan = None
@@ -362,7 +477,7 @@ class FusedTrainer:
             return
         optimizer = trainer.optimizer
         optimizer.state.clear()
-        step = self._adam.steps[slot]
+        step = self._adam.step_count(slot)
         if step == 0:  # no update made yet: torch's Adam has no state either
             return
         sizes = self._layout.sizes
@@ -412,6 +527,8 @@ class FusedTrainer:
         index = None if slots == tuple(range(self.capacity)) else torch.tensor(slots, device=dev)
         own_steps = [c.max_steps for c in configs if c is not None]  # non-increasing when eager
         active = None if self.compiled else tuple(sum(m > n for m in own_steps) for n in range(n_steps))
+        ranges = [c.nonzero_range if isinstance(c, ParityConfig) else (1, 1) for c in configs]
+        base = self._base if self._base is not None else torch.zeros(self.capacity, 0, dtype=torch.int64)
         self._plan = _Plan(
             slots=slots,
             trained=trained,
@@ -425,11 +542,17 @@ class FusedTrainer:
             max_norm=torch.tensor(
                 [c.grad_clip if c and c.grad_clip > 0 else math.inf for c in configs], device=dev
             ),
+            max_nan=torch.tensor([c.max_nan_events if c else 0 for c in configs], device=dev),
+            low=torch.tensor([lo for lo, _ in ranges], device=dev),
+            high=torch.tensor([hi for _, hi in ranges], device=dev),
+            base=base if index is None else base.index_select(0, index.to(base.device)),
+            k0=self._k0 if index is None else self._k0.index_select(0, index),
         )
         return self._plan
 
     def _batches(self, members: list[_Member], plan: _Plan) -> tuple[torch.Tensor, torch.Tensor]:
-        """Each row's training batch from its member's own generator (zeros for padding rows)."""
+        """Each row's training batch from its member's own generator (zeros for padding rows): the
+        generator stream of runs made before counter streams, one draw per member."""
         batches = {m.slot: m.trainer.sample_batch(m.trainer.generator) for m in members}
         x0, y0 = next(iter(batches.values()))
         pad = (torch.zeros_like(x0), torch.zeros_like(y0))
@@ -437,17 +560,8 @@ class FusedTrainer:
         return torch.stack([x for x, _ in rows]), torch.stack([y for _, y in rows])
 
 
-def _record(trainer: Trainer, result: StepResult, seconds: float) -> None:
-    """Count one iteration made for ``trainer`` by the fused step, as `Trainer.train_step` counts its
-    own: the averages' sums when it was finite, a NaN event when not, the iteration and the time."""
-    if result.finite:
-        sums = trainer._sums
-        sums["loss"] += result.loss
-        sums["loss_rec"] += result.loss_rec
-        sums["loss_reg"] += result.loss_reg
-        sums["grad_norm"] += result.grad_norm
-        trainer._finite_steps += 1
-    else:
-        trainer.nan_events += 1
-    trainer.iteration += 1
-    trainer.train_time_s += seconds
+def _report_may_fall_due(trainer: Trainer) -> bool:
+    """Whether ``trainer``'s report may fall due now, by the host's count of its iterations (its
+    interval, or its budget); a member that diverged on the device meanwhile reports then too."""
+    cfg = trainer.config
+    return trainer.iteration % cfg.eval_interval == 0 or trainer.iteration >= cfg.iterations

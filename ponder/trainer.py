@@ -18,13 +18,14 @@ import torch
 from torch.nn.utils import clip_grad_norm_
 
 from ponder.compiled import compile_mode, share_compile_cache, should_compile, uses_cuda_graphs
-from ponder.config import CompileMode, KLDirection, TaskConfig, config_from_dict
+from ponder.config import CompileMode, KLDirection, TaskConfig, config_from_dict, stored_config
 from ponder.cpu import keep_freed_memory
 from ponder.files import temporary_beside
 from ponder.halting import expected_steps, halting_accuracies, log_geometric_prior, sample_halting_step
 from ponder.losses import kl_to_prior, per_step_cross_entropy, reconstruction_loss
 from ponder.metrics import OUTCOMES, SET_LIST_METRICS, SET_METRICS, TIMING_KEYS, TRAIN_METRICS
 from ponder.model import PonderNet, PonderOutput
+from ponder.streams import iteration_keys, seed_keys, stream_base, stream_words
 from ponder.tasks import accuracy, build_task
 
 __all__ = [
@@ -120,6 +121,17 @@ class Trainer:
         self.model = task.model
         self.sample_batch = task.sample_batch
         self.eval_sets = task.eval_sets
+        self._stream_batch = task.stream_batch
+        self.batch_words = task.stream_words
+        """Counter-stream words one training batch reads (`ponder.streams`)."""
+        if config.data_stream == "counter":  # the run's stream key, and its words' iteration-free half
+            if task.stream_batch is None:
+                raise ValueError(
+                    f"the {config.task} task has no counter data stream: give its Task a stream_batch, "
+                    'or default its config\'s data_stream to "generator" (as MnistConfig does)'
+                )
+            self._stream_key = seed_keys(config.seed)
+            self._stream_base = stream_base(self._stream_key, task.stream_words, self.device)
         self._optimizer: torch.optim.Adam | None = None  # made at first use (`optimizer`)
         self._optimizer_state: dict[str, Any] | None = None  # a checkpoint's, until then
         self.generator = torch.Generator(device=self.device).manual_seed(config.seed)
@@ -179,7 +191,7 @@ class Trainer:
         """One iteration on ``batch`` (default: a fresh training batch). A non-finite loss or
         gradient norm skips the update and counts as a NaN event."""
         start = time.perf_counter()
-        x, y = batch if batch is not None else self.sample_batch(self.generator)
+        x, y = batch if batch is not None else self.next_batch()
         self.model.train()
         # last iteration's gradients go before the forward pass: under CUDA graphs they live in the
         # graphs' memory, which the next replay overwrites
@@ -208,6 +220,15 @@ class Trainer:
         self.iteration += 1
         self.train_time_s += time.perf_counter() - start
         return result
+
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """This iteration's training batch from the run's data stream: the counter stream's words at
+        (seed, iteration), or the generator's next draw (``config.data_stream``)."""
+        if self.config.data_stream == "generator":
+            return self.sample_batch(self.generator)
+        assert self._stream_batch is not None
+        words = stream_words(self._stream_base, iteration_keys(self._stream_key, self.iteration))  # [1, W]
+        return self._stream_batch(words)
 
     def run(self, should_stop: Callable[[], bool] | None = None) -> Iterator[Metrics]:
         """Train to ``config.iterations``, yielding metrics every ``eval_interval`` iterations
@@ -330,6 +351,12 @@ class Trainer:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what `state_dict` saved (the config must match this trainer's)."""
+        stream = stored_config(state["config"])["data_stream"]
+        if stream != self.config.data_stream:  # its batches would silently be another run's
+            raise ValueError(
+                f"the checkpoint's run trained on the {stream} data stream, this trainer's config says "
+                f"{self.config.data_stream}: build the trainer from the checkpoint (Trainer.from_state)"
+            )
         self.model.load_state_dict(state["model"])
         self._optimizer, self._optimizer_state = None, state["optimizer"]  # loaded at first use
         if _generator_device(state) == self.device.type:
@@ -391,7 +418,7 @@ class Trainer:
         it; ``data`` goes to the task's builder as in `Trainer`; ``device`` replaces the config's
         device (``cpu`` to evaluate a GPU run's checkpoint), ``compile`` its compile mode (compiled
         and eager steps are interchangeable)."""
-        values = dict(state["config"])
+        values = stored_config(state["config"])  # a checkpoint from before a field: as it meant it
         if device is not None:
             values["device"] = device
         if compile is not None:

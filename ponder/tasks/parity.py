@@ -26,7 +26,12 @@ def eval_set_names(config: ParityConfig) -> list[str]:
 
 def build(config: ParityConfig, device: torch.device, data: object | None = None) -> Task:
     """A `ParityStep` PonderNet, fresh batches of ``batch_size`` vectors, the seeded sets; no data."""
-    from ponder.data.parity import parity_batch, parity_eval_sets  # torch: loaded to build, not to import
+    from ponder.data.parity import (  # torch: loaded to build, not to import
+        parity_batch,
+        parity_eval_sets,
+        stream_batches,
+        stream_words_per_batch,
+    )
     from ponder.model import PonderNet
     from ponder.steps import ParityStep
 
@@ -37,8 +42,13 @@ def build(config: ParityConfig, device: torch.device, data: object | None = None
     def sample_batch(gen: torch.Generator) -> Batch:
         return parity_batch(config.batch_size, config.n_elems, config.nonzero_range, gen, device)
 
+    def stream_batch(words: torch.Tensor) -> Batch:
+        x, y = stream_batches(words, config.batch_size, config.n_elems, *config.nonzero_range)
+        return x[0], y[0]
+
     sets = parity_eval_sets(config.n_elems, config.nonzero_range, config.eval_samples, config.seed, device)
-    return Task(model, sample_batch, sets)
+    words = stream_words_per_batch(config.batch_size, config.n_elems)
+    return Task(model, sample_batch, sets, words, stream_batch)
 
 
 TASK: TaskDef[ParityConfig] = TaskDef(

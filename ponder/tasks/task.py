@@ -33,7 +33,12 @@ class Task:
 
     model: PonderNet
     sample_batch: Callable[[torch.Generator], Batch]
+    """A batch from a generator (``data_stream = "generator"``)."""
     eval_sets: dict[str, EvalSet]
+    stream_words: int = 0
+    """Counter-stream words one batch reads (`ponder.streams`); 0 where the task has no counter stream."""
+    stream_batch: Callable[[torch.Tensor], Batch] | None = None
+    """A batch from one iteration's stream words ``[1, stream_words]`` (``data_stream = "counter"``)."""
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,8 @@
 """A third task defined outside ``ponder/``: is the majority of ``n_bits`` random bits 1?
 
-It shows what a new task is: a config class, a step function, a batch sampler, fixed evaluation
-sets, their names and a chance level, put in the registry by `ponder.tasks.register`. Only the
+It shows what a new task is: a config class, a step function, a batch sampler (from a generator,
+and from counter-stream words: `ponder.streams`), fixed evaluation sets, their names and a chance
+level, put in the registry by `ponder.tasks.register`. Only the
 tests that use it register it (`majority_task`), so the rest of the suite sees two tasks.
 """
 
@@ -78,8 +79,13 @@ def build(config: MajorityConfig, device: torch.device, data: object | None = No
     def sample_batch(gen: torch.Generator) -> Batch:
         return majority_batch(config.batch_size, config.n_bits, gen, device)
 
+    def stream_batch(words: torch.Tensor) -> Batch:  # the counter stream: a bit a word
+        x = (words & 1).view(config.batch_size, config.n_bits).float()  # [B, n_bits]
+        return x, (x.sum(dim=1) > config.n_bits / 2).float()
+
     x, y = majority_batch(config.eval_samples, config.n_bits, torch.Generator().manual_seed(config.seed))
-    return Task(model, sample_batch, {"test": EvalSet("test", x.to(device), y.to(device))})
+    test = {"test": EvalSet("test", x.to(device), y.to(device))}
+    return Task(model, sample_batch, test, config.batch_size * config.n_bits, stream_batch)
 
 
 TASK: TaskDef[MajorityConfig] = TaskDef(

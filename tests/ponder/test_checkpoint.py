@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import os
 import pickle
@@ -131,3 +132,49 @@ def test_a_checkpoint_is_readable_as_torch_save_would_leave_it(tmp_path: Path) -
     finally:
         os.umask(old)
     assert stat.S_IMODE(os.stat(tmp_path / "ckpt.pt").st_mode) == 0o644
+
+
+def test_a_checkpoint_from_before_counter_streams_goes_on_with_its_generator_stream() -> None:
+    """A checkpoint whose config has no ``data_stream`` was written when every run drew from its
+    generator: restored, it goes on drawing the generator's batches (exactly what it would have
+    trained on), though a new run's default is the counter stream; and a trainer built for the
+    other stream refuses it rather than train on another run's batches."""
+    config = ParityConfig(n_elems=5, max_steps=4, n_hidden=8, batch_size=16, eval_samples=64, device="cpu")
+    old = Trainer(dataclasses.replace(config, data_stream="generator"))
+    for _ in range(3):
+        old.train_step()
+    state = old.state_dict()
+    del state["config"]["data_stream"]  # as a checkpoint written before the field
+    restored = Trainer.from_state(pickle.loads(pickle.dumps(state)))
+    assert restored.config.data_stream == "generator" and config.data_stream == "counter"
+    for _ in range(3):
+        x, y = old.next_batch()
+        x_restored, y_restored = restored.next_batch()
+        assert torch.equal(x, x_restored) and torch.equal(y, y_restored)
+        old.train_step((x, y)), restored.train_step((x_restored, y_restored))
+    assert _same_weights(old, restored)
+    with pytest.raises(
+        ValueError, match="trained on the generator data stream, this trainer's config says counter"
+    ):
+        Trainer(config).load_state_dict(state)
+
+
+def test_a_counter_stream_run_resumes_with_the_batches_it_would_have_drawn() -> None:
+    """The counter stream needs no generator state: a run's batch is a function of its seed and
+    iteration, so a resumed run draws what the uninterrupted one draws, and two seeds differ."""
+    straight = _trained(0)
+    batches = []
+    for _ in range(5):
+        batches.append(straight.next_batch())
+        straight.train_step(batches[-1])
+    resumed = _trained(0)
+    for _ in range(2):
+        resumed.train_step()
+    resumed = Trainer.from_state(resumed.state_dict())
+    for x, y in batches[2:]:
+        got = resumed.next_batch()
+        assert torch.equal(got[0], x) and torch.equal(got[1], y)
+        resumed.train_step()
+    assert _same_weights(straight, resumed)
+    other = Trainer(dataclasses.replace(straight.config, seed=1))
+    assert not torch.equal(other.next_batch()[0], _trained(0).next_batch()[0])

@@ -12,6 +12,7 @@ from collections.abc import Callable
 import pytest
 import torch
 
+from bench import fused_speed
 from ponder.config import MnistConfig, ParityConfig
 from ponder.fused import (
     fusable_key,
@@ -183,6 +184,7 @@ def test_compiled_members_train_in_a_thread_as_their_plain_eager_runs() -> None:
     fused = FusedTrainer(3, "cpu")
     slots = [fused.join(c) for c in configs]
     assert fused.compiled
+    torch._dynamo.utils.counters.clear()
     trained: list[tuple[dict[int, list[float]], dict[int, list[Metrics]]]] = []
     worker = threading.Thread(target=lambda: trained.append(train_to_end(fused)))
     worker.start()
@@ -194,6 +196,13 @@ def test_compiled_members_train_in_a_thread_as_their_plain_eager_runs() -> None:
         assert len(reports[slot]) == len(plain_reports) == 2
         for got, want in zip(reports[slot], plain_reports, strict=True):
             _assert_same_metrics(got, want)
+    # data, forward and loss are one graph (no break), and an iteration reads nothing back
+    assert not torch._dynamo.utils.counters["graph_break"], dict(torch._dynamo.utils.counters["graph_break"])
+    fused.join(configs[0])
+    fused.step()
+    with fused_speed.counting() as count:
+        fused.step()
+    assert count.syncs == 0, count.ops
 
 
 def test_a_held_member_waits_and_goes_on_as_its_plain_run() -> None:
@@ -301,21 +310,27 @@ def test_a_diverging_member_leaves_the_others_as_their_plain_runs(how: str) -> N
     """A member whose losses are NaN (its data poisoned, as the plain trainer's test does, or its
     weights NaN in its row of the stacked weights) counts NaN events and ends diverged as its plain
     run does; one with an absurd lr goes its own way (it survives lr 1e6 here, as its plain run
-    does); either way the other members' losses and metrics stay their plain runs'."""
-    bad_config = _config(seed=5, max_steps=5, lr=1e6 if how == "huge-lr" else 3e-3, max_nan_events=3)
+    does); either way the other members' losses and metrics stay their plain runs'. Poisoned data
+    needs the generator stream (its draws go through the trainer's sampler, which the test
+    poisons): that case checks a group of runs made before counter streams."""
+    stream = "generator" if how == "nan-data" else "counter"
+    good = {a: dataclasses.replace(config, data_stream=stream) for a, config in (("a", A), ("b", B))}
+    bad_config = _config(
+        seed=5, max_steps=5, lr=1e6 if how == "huge-lr" else 3e-3, max_nan_events=3, data_stream=stream
+    )
     state = None
     if how == "nan-weights":
         state = _copy(Trainer(bad_config).state_dict())
         state["model"]["step.cell.weight_hh"].fill_(math.nan)  # type: ignore[index]
     fused = FusedTrainer(3, "cpu")
-    a, bad, b = fused.join(A), fused.join(bad_config, state), fused.join(B)
+    a, bad, b = fused.join(good["a"]), fused.join(bad_config, state), fused.join(good["b"])
     plain_bad = Trainer(bad_config) if state is None else Trainer.from_state(_copy(state))
     if how == "nan-data":
         bad_trainer = fused.trainer(bad)
         bad_trainer.sample_batch = _poisoned(bad_trainer.sample_batch)
         plain_bad.sample_batch = _poisoned(plain_bad.sample_batch)
     losses, reports = train_to_end(fused)
-    for slot, config in ((a, A), (b, B)):
+    for slot, config in ((a, good["a"]), (b, good["b"])):
         plain_losses, plain_reports = _plain(config)
         _assert_same_losses(losses[slot], plain_losses)
         for got, want in zip(reports[slot], plain_reports, strict=True):
@@ -431,14 +446,14 @@ def test_row_adam_is_torch_adam_per_row_with_its_own_step_count_and_lr() -> None
         grad = torch.randn(rows, size)
         update = [True, it % 3 != 0, it >= 5]  # row 1 skips (NaN gradient), row 2 joins late
         grad[1] = grad[1] if update[1] else math.nan
-        adam.step(params, grad, update, lrs)
+        adam.step(params, grad, torch.tensor(update), torch.tensor(lrs, dtype=torch.float64))
         for k in range(rows):
             if update[k]:
                 plain[k].grad = grad[k].clone()
                 optimizers[k].step()
     for k in range(rows):
         state = optimizers[k].state[plain[k]]
-        assert adam.steps[k] == int(state["step"])
+        assert adam.step_count(k) == int(state["step"])
         assert torch.allclose(params[k], plain[k].detach(), rtol=0, atol=1e-6)
         assert torch.allclose(adam.exp_avg_sq[k], state["exp_avg_sq"], rtol=1e-5, atol=1e-8)
 
@@ -457,3 +472,15 @@ def test_a_member_joined_at_its_budget_completes_at_once_as_its_plain_run() -> N
     (plain,) = Trainer.from_state(_copy(state)).run()
     assert due[done]["outcome"] == "completed" and due[done]["iteration"] == 5
     _assert_same_metrics(due[done], plain)
+
+
+def test_an_iteration_dispatches_the_same_ops_at_any_k_and_reads_nothing_back() -> None:
+    """One draw of every member's batch, the counters on the device: a fused iteration between
+    reports dispatches as many aten ops at K = 16 as at K = 2 (each a launch on a GPU) and makes
+    no host sync; a report reads the device (its metrics are host numbers)."""
+    (between_2, _), (between_16, report_16) = fused_speed.count_fused(2), fused_speed.count_fused(16)
+    assert between_16.total == between_2.total, (between_16.ops - between_2.ops) + (
+        between_2.ops - between_16.ops
+    )
+    assert between_2.syncs == between_16.syncs == 0
+    assert report_16.syncs >= 16  # `counting` sees reads: each member's evaluation makes some

@@ -38,13 +38,13 @@ def test_a_non_finite_loss_is_counted_and_changes_nothing() -> None:
 
 def test_nan_events_are_reported_and_the_run_ends_diverged_past_the_limit() -> None:
     trainer = Trainer(ParityConfig(**TINY, iterations=50, eval_interval=10, max_nan_events=3))
-    real_sample = trainer.sample_batch
+    real_batch = trainer.next_batch
 
-    def poisoned(gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-        x, y = real_sample(gen)
+    def poisoned() -> tuple[torch.Tensor, torch.Tensor]:
+        x, y = real_batch()
         return x * math.nan, y
 
-    trainer.sample_batch = poisoned
+    trainer.next_batch = poisoned  # type: ignore[method-assign]
     history = list(trainer.run())
     assert history[-1]["outcome"] == "diverged"
     assert history[-1]["nan_events"] == 4 and history[-1]["iteration"] == 4
