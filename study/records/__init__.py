@@ -1,7 +1,8 @@
 """The study's own truth, which a resume and every reader trust, and the Parquet's contract.
 
 - `study.records.records`: one end record per trial (`EndRecord`, `read_end_records`), the
-  study's saved spec (`load_study_spec`), each trial's saved reports (`read_reports`), `StudyError`;
+  study's saved spec (`load_study_spec`, `with_config_defaults`), each trial's saved reports
+  (`read_reports`), `StudyError`;
 - `study.records.truth`: those records read once at the start of a resume (`StudyTruth`);
 - `study.records.asha_state`: ASHA's saved state (``asha.json`` and the changes since);
 - `study.records.journal_copy`: the Optuna journal's copy on an object store;
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
         read_end_records,
         read_reports,
         relative_to_root,
+        with_config_defaults,
         write_end_record,
     )
 
@@ -44,6 +46,7 @@ __all__ = [
     "read_end_records",
     "read_reports",
     "relative_to_root",
+    "with_config_defaults",
     "write_end_record",
 ]
 

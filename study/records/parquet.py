@@ -1,4 +1,4 @@
-"""The Parquet contract (schema version 6): one table of trials, one of reports, per study.
+"""The Parquet contract (schema version 7): one table of trials, one of reports, per study.
 
 ``trials/study=<name>/trials.parquet`` has one row per trial:
 
@@ -28,9 +28,9 @@ Each study's folder (``trials/study=<name>/``, ``history/study=<name>/``) holds 
 file (``trials.parquet``, ``history.parquet``: the trials final when the study last stopped or
 was exported) and one fragment per other trial (``trial-<id>.parquet``: each trial that ended
 since, written once when it ended, or one still running, pending or errored at the last export).
-Reading the folder (``pd.read_parquet("results/trials")``) gives every trial once. Version 6
-added ``fuse_group`` and ``fuse_members``; version 5 the fragments (4 had one file per study,
-rewritten whole as each trial ended).
+Reading the folder (``pd.read_parquet("results/trials")``) gives every trial once. Version 7
+added ``data_stream`` (null in older rows: generator, as `fill_config_defaults` reads them); 6
+``fuse_group`` and ``fuse_members``; 5 the fragments (4 had one file per study, rewritten whole).
 
 Null: NaN, +-inf, and the objective's stand-in (`WORST`) in the objective's own columns; every
 other value is kept. Version 4 added ``<set>/best_step_accuracy`` and ``<set>/stable_accuracy``
@@ -56,7 +56,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from ponder.config import CONFIGS, FieldInfo, fields_of, resolve_config
+from ponder.config import CONFIGS, STORED_DEFAULTS, FieldInfo, fields_of, resolve_config, stored_config
 from ponder.metrics import SET_LIST_METRICS, SET_METRICS, TIMING_KEYS, TRAIN_METRICS
 from ponder.tasks import CHANCE, canonical_sets
 from study.records.pareto import pareto_mask
@@ -80,7 +80,7 @@ __all__ = [
     "trials_table",
 ]
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 FUSE_FIELDS = (pa.field("fuse_group", pa.string()), pa.field("fuse_members", pa.int64()))
 """A fused trial's group (the fuser's id: the trials reported with one id trained as one model)
@@ -279,18 +279,22 @@ def pareto_marks(rows: Sequence[Mapping[str, Any]], objectives: Sequence[tuple[s
 
 
 def fill_config_defaults(trials: pd.DataFrame) -> pd.DataFrame:
-    """A trials table with every config field as schema 3 and later write it, from any version:
-    rows of schema 1 or 2 have a config field only where the study's spec set or searched it; their
-    nulls get the task config's default (`resolve_config`, the one source). What readers use until
-    ``ponder-study export`` rewrites the files; a table of schema 3 or later comes back as it is."""
+    """A trials table with every config field as this version writes it, from any version: rows of
+    schema 1 or 2 have a config field only where the study's spec set or searched it, their nulls
+    get the task config's default (`resolve_config`); rows of schema 6 or older lack
+    ``data_stream``, which they meant as generator (`ponder.config.STORED_DEFAULTS`). What readers
+    use until ``ponder-study export`` rewrites the files; a table of this version comes back as is."""
     if "schema_version" not in trials.columns or "task" not in trials.columns:
         return trials
-    old = pd.to_numeric(trials["schema_version"], errors="coerce").fillna(0) < 3
-    if not old.any():
+    version = pd.to_numeric(trials["schema_version"], errors="coerce").fillna(0)
+    if not (version < 7).any():
         return trials
     trials = trials.copy()
+    for name, value in STORED_DEFAULTS.items():  # a field these rows predate: as they meant it
+        trials[name] = trials.get(name, pd.Series(None, trials.index)).astype(object)
+        trials.loc[(version < 7) & trials[name].isna(), name] = value
     fields = [name for name in CONFIG_FIELDS if name in trials.columns]
-    for index in trials.index[old.to_numpy()]:
+    for index in trials.index[(version < 3).to_numpy()]:
         given = {name: trials.at[index, name] for name in ["task", *fields]}
         given = {k: v for k, v in given.items() if not _missing(v)}
         for name, value in resolve_config(given).items():
@@ -404,7 +408,8 @@ def _trial_row(
     reports = rec.reports
     last = reports[-1] if reports else {}
     best = max(reports, key=_objective_key(metric, mode)) if reports else {}
-    config = resolve_config(rec.config)  # Tune's params hold only what the spec sets or searches
+    # Tune's params hold only what the spec sets or searches; a trial of an older study lacks fields
+    config = resolve_config(stored_config(rec.config))
     row: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
         "trial_id": rec.trial_id,

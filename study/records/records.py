@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import json
+import tomllib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -23,9 +24,11 @@ from typing import Any
 
 import pyarrow.fs as pafs
 
+from ponder.config import CONFIGS, STORED_DEFAULTS, fields_of
 from study.records.asha_state import read_state
 from study.records.parquet import parse_result_lines
 from study.spec.spec import StudySpec, parse_spec
+from study.spec.toml import rewritten_source, toml_value
 from study.storage.storage import StudyPaths, create_bytes, read_bytes, read_json, resolve, trial_reports
 
 
@@ -42,7 +45,23 @@ def load_study_spec(name: str, storage: str) -> tuple[StudySpec, StudyPaths]:
             f"no study named {name!r} under {storage}: `ponder-study list` shows the studies there"
         )
     spec = parse_spec(source.decode(), name).with_overrides(name=name, storage=storage)
-    return spec, paths
+    return with_config_defaults(spec, STORED_DEFAULTS, "saved before the field existed"), paths
+
+
+def with_config_defaults(spec: StudySpec, values: Mapping[str, Any], why: str) -> StudySpec:
+    """``spec`` with the ``[config]`` fields of ``values`` that it neither fixes nor searches set
+    to their value there, its source saying so with ``why``: `run` pins the task's data stream in
+    the study's saved spec, and a saved spec written before a field existed gets what it meant
+    (`ponder.config.STORED_DEFAULTS`)."""
+    taken = {*spec.config, *(d.name for d in spec.space)}
+    fields = {f.name for f in fields_of(CONFIGS[spec.task])}
+    missing = {k: v for k, v in values.items() if k in fields and k not in taken}
+    if not missing:
+        return spec
+    doc = tomllib.loads(spec.source)
+    doc.setdefault("config", {}).update(missing)
+    note = f"{', '.join(f'{k} = {toml_value(v)}' for k, v in missing.items())}: {why}"
+    return parse_spec(rewritten_source(spec.source, doc, note), spec.name)
 
 
 __all__ = [
@@ -57,6 +76,7 @@ __all__ = [
     "read_end_records",
     "read_reports",
     "relative_to_root",
+    "with_config_defaults",
     "write_end_record",
 ]
 

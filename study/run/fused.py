@@ -122,12 +122,12 @@ class Fuser:
         it) starts again from ``state``: its checkpoint is the truth."""
         import torch
 
-        from ponder.config import config_from_dict
+        from ponder.config import config_from_dict, stored_config
 
         run_state = torch.load(io.BytesIO(state), map_location="cpu", weights_only=True) if state else None
         if run_state is not None and run_state.get("outcome", "running") != "running":
             return "finished"
-        run_config = config_from_dict(dict(config))
+        run_config = config_from_dict(stored_config(config))  # a trial of an older study lacks fields
 
         def join() -> str:
             if trial_id in self._members:
@@ -325,10 +325,10 @@ class FuserRegistry:
 
 
 def _shape(config: dict[str, Any]) -> str:
-    from ponder.config import config_from_dict
+    from ponder.config import config_from_dict, stored_config
     from ponder.fused import fusable_key
 
-    return repr(fusable_key(config_from_dict(dict(config))))
+    return repr(fusable_key(config_from_dict(stored_config(config))))
 
 
 def _new_fuser(capacity: int, threads: int, unroll: int, node_id: str, gpu: str | None) -> Any:

@@ -35,9 +35,10 @@ from ray import tune
 from ray.tune import Callback, CLIReporter
 from ray.tune.experiment import Trial
 
+from ponder.config import CONFIGS
 from study.launchers.ray_token import private_token
 from study.records import journal_copy
-from study.records.records import StudyError, load_study_spec, read_end_records
+from study.records.records import StudyError, load_study_spec, read_end_records, with_config_defaults
 from study.records.truth import StudyTruth, read_truth
 from study.run.export import ParquetCallback, export_experiment
 from study.run.fused import start_fusion, stop_fusions
@@ -315,6 +316,9 @@ def run_study(
                 f"resume it with `{hint}`, or pick another --name"
             )
         _init_ray(address, paths, spec)  # before anything is written: a run that cannot start leaves no study
+        # the saved spec names the data stream its trials draw from, so a later default cannot change it
+        stream = {"data_stream": CONFIGS[spec.task]().data_stream}
+        spec = with_config_defaults(spec, stream, "this study's data stream, pinned when it was started")
         write_bytes(paths.spec, spec.source.encode())
         if on_written is not None:
             on_written()

@@ -115,7 +115,7 @@ def _trainer(config: dict[str, Any], checkpoint: tune.Checkpoint | None, threads
     import torch
 
     from ponder.compiled import forget_compiled
-    from ponder.config import config_from_dict
+    from ponder.config import config_from_dict, stored_config
     from ponder.trainer import Trainer
 
     torch.set_num_threads(threads)
@@ -125,7 +125,7 @@ def _trainer(config: dict[str, Any], checkpoint: tune.Checkpoint | None, threads
     if checkpoint is not None:
         with checkpoint.as_directory() as d:
             return Trainer.from_checkpoint(Path(d) / CHECKPOINT_FILE)
-    return Trainer(config_from_dict(dict(config)))
+    return Trainer(config_from_dict(stored_config(config)))
 
 
 def _report(run: FusedRun | Trainer, trial_id: str, objectives: Mapping[str, str]) -> None:

@@ -99,7 +99,7 @@ from study.spec.models import (
     schema_text,
     toml_key,
 )
-from study.spec.toml import to_toml, toml_value
+from study.spec.toml import rewritten_source, to_toml, toml_value
 
 __all__ = [
     "NAME_PATTERN",
@@ -308,9 +308,8 @@ class StudySpec:
             changes.append(f"storage = {toml_value(storage)}")
         if not changes:
             return dataclasses.replace(self, name=new_name)
-        header = list(itertools.takewhile(lambda line: line.startswith("#"), self.source.splitlines()))
-        header.append(f"# spec {self.name!r} with overrides: {', '.join(changes)}")
-        return parse_spec("\n".join(header) + "\n" + to_toml(doc), new_name)
+        note = f"spec {self.name!r} with overrides: {', '.join(changes)}"
+        return parse_spec(rewritten_source(self.source, doc, note), new_name)
 
 
 # -- loading ------------------------------------------------------------------------------------

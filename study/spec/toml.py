@@ -5,6 +5,7 @@ specs of their own.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from collections.abc import Mapping
@@ -12,7 +13,14 @@ from typing import Any
 
 from study.spec.models import toml_key
 
-__all__ = ["to_toml", "toml_value"]
+__all__ = ["rewritten_source", "to_toml", "toml_value"]
+
+
+def rewritten_source(source: str, doc: Mapping[str, Any], note: str) -> str:
+    """The spec source of the document ``doc`` (``source``'s, edited): ``source``'s header comment
+    kept, ``note`` added to it as a comment line."""
+    header = list(itertools.takewhile(lambda line: line.startswith("#"), source.splitlines()))
+    return "\n".join([*header, f"# {note}", to_toml(doc)])
 
 
 def to_toml(doc: Mapping[str, Any], prefix: str = "") -> str:

@@ -176,6 +176,24 @@ def test_a_schema_2_table_reads_with_its_defaults_filled() -> None:
     )
     new = fill_config_defaults(old)
     assert list(new["lambda_p"]) == [0.3, 0.2] and list(new["lr"]) == [3e-3, 1e-3]
+    assert list(new["data_stream"]) == ["generator", "generator"]  # their runs' stream
+
+
+def test_rows_and_configs_from_before_the_data_stream_read_as_the_generator_stream() -> None:
+    """A trial's config or a row without ``data_stream`` was written before counter streams: it
+    drew from the generator stream, whatever the field's default is now."""
+    from study.records.parquet import fill_config_defaults
+
+    rows = pd.DataFrame(
+        {"schema_version": [6, 7, 7], "task": ["parity"] * 3, "data_stream": [None, "counter", "generator"]}
+    )
+    assert list(fill_config_defaults(rows)["data_stream"]) == ["generator", "counter", "generator"]
+    old, new = (
+        TrialRecord(t, "TERMINATED", config, [_report(10, 0.9, "completed")])
+        for t, config in (("old", {"task": "parity"}), ("new", {"task": "parity", "data_stream": "counter"}))
+    )
+    df = trials_table([old, new], "test/halted_accuracy", "max").to_pandas().set_index("trial_id")
+    assert (df.loc["old", "data_stream"], df.loc["new", "data_stream"]) == ("generator", "counter")
 
 
 def test_only_the_objective_stand_in_is_null_every_other_value_is_kept() -> None:

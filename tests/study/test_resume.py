@@ -246,6 +246,8 @@ def test_a_study_stuck_after_a_kill_finishes_at_the_next_resume(tmp_path: Path) 
     assert (ended.loc["f6885e52", "status"], ended.loc["f6885e52", "iteration"]) == ("early_stopped", 10)
     assert ended.loc["752d64c4", "status"] == "completed"
     assert set(history(storage, name)["trial_id"]) == set(table["trial_id"])
+    # made before counter streams: every trial, old or new, drew from the generator stream
+    assert (table["data_stream"] == "generator").all()
 
     paths = StudyPaths(str(storage), name)
     study = optuna.load_study(study_name=name, storage=optuna_storage(paths))

@@ -46,6 +46,10 @@ def test_every_trial_is_in_parquet_with_its_config(smoke: tuple[Path, Any]) -> N
     assert (df["task"] == "parity").all()
     assert (df["device"] == "cpu").all() and df["node_ip"].notna().all()
     assert df["checkpoint_path"].map(lambda p: Path(p, "trainer.pt").is_file()).all()
+    # the study's data stream is pinned in its saved spec, so a later default cannot change it
+    assert (df["data_stream"] == "counter").all()
+    saved = (storage / "studies" / "parity-smoke" / "spec.toml").read_text()
+    assert 'data_stream = "counter"' in saved and "data_stream" not in SMOKE.source
     assert df["test/halted_accuracy"].between(0, 1).all()
     assert (df["nan_events"] == 0).all()
     sets = eval_set_names(ParityConfig(**SMOKE.config))
@@ -168,7 +172,7 @@ eval_interval = 10
 grad_clip = 0.0
 max_nan_events = 3
 [space.lr]
-values = [0.003, 1e30]
+values = [0.003, 1e38]  # overflows float32 at the first update: NaN for certain
 [search]
 sampler = "random"
 seed = 1
