@@ -35,8 +35,8 @@ $(STAMP): pyproject.toml
 venv: $(STAMP)  ## create .venv and install the project with its dev extras
 
 lint: $(STAMP)  ## ruff lint and format check, and the import contract (pyproject.toml)
-	$(BIN)/ruff check ponder study tests bench
-	$(BIN)/ruff format --check ponder study tests bench
+	$(BIN)/ruff check ponder study tests bench docs/evidence
+	$(BIN)/ruff format --check ponder study tests bench docs/evidence
 	$(BIN)/lint-imports --no-cache
 
 typecheck: $(STAMP)  ## mypy on ponder/ and study/

@@ -148,10 +148,10 @@ def _comments_and_strings(text: str) -> list[tuple[int, str]]:
 
 
 def lab_lines_in_code() -> list[str]:
-    """The lab notebook's marks in the comments and docstrings of ponder/, study/ and bench/ (and
-    bench's shell scripts)."""
+    """The lab notebook's marks in the comments and docstrings of ponder/, study/, bench/ and
+    docs/evidence/ (and bench's shell scripts)."""
     found = []
-    for folder in ("ponder", "study", "bench"):
+    for folder in ("ponder", "study", "bench", "docs/evidence"):
         for path in sorted((REPO / folder).rglob("*")):
             if path.suffix not in (".py", ".sh") or not path.is_file():
                 continue
