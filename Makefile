@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 
 FASHION := /usr/share/datasets/fashion-mnist
 
-.PHONY: help venv test test-fast lint typecheck pytest study bench train clean fashion-mnist chromium slurm jobserver reference
+.PHONY: help venv test test-fast lint typecheck pytest study bench train clean fashion-mnist chromium slurm jobserver generate
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -44,7 +44,7 @@ typecheck: $(STAMP)  ## mypy on ponder/ and study/
 
 # After a change to a spec key, a config field, a verb, a flag or an exit code: the tables in
 # docs/ and the shipped JSON Schema are generated from the code (tests fail until they match)
-reference: $(STAMP)  ## rewrite what is generated from the code: docs' reference tables, spec.schema.json
+generate: $(STAMP)  ## rewrite what is generated from the code: docs' reference tables, spec.schema.json
 	$(BIN)/python -m study.cli.reference
 
 fashion-mnist:  ## Debian's Fashion-MNIST IDX files, for the reader's test (best effort: skipped if apt cannot)

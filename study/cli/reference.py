@@ -5,7 +5,7 @@
 - `study.spec.reference.spec_reference`: every spec key, its type, default and meaning.
 
 A docs page holds a table between two markers, ``<!-- generated: NAME -->`` and ``<!-- end of
-generated: NAME -->``; `fill` puts the table the code gives there. ``make reference`` (``python -m
+generated: NAME -->``; `fill` puts the table the code gives there. ``make generate`` (``python -m
 study.cli.reference``) rewrites every page under ``docs/`` and the shipped specs' JSON Schema
 (``study/spec/specs/spec.schema.json``, ``ponder-study schema``'s output); ``--check`` only says
 which differ, as the tests do. No Ray, no torch.
@@ -27,7 +27,7 @@ from study.storage.commands import PROG
 
 __all__ = ["BLOCKS", "REGENERATE", "cli_reference", "fill", "main", "verb_rows"]
 
-REGENERATE = "make reference"
+REGENERATE = "make generate"
 """The one command that writes every generated table into the docs."""
 
 MARK = re.compile(r"(<!-- generated: ([\w-]+) -->\n)(.*?)(<!-- end of generated: \2 -->)", re.S)

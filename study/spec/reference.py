@@ -1,7 +1,7 @@
 """Every key a spec may hold, as Markdown tables generated from the spec's models: its type, its
 default and what it means, so that the reference in docs/specs.md is the code's, never a copy.
 
-`spec_reference` renders the tables (``make reference`` writes them into the docs; a test fails
+`spec_reference` renders the tables (``make generate`` writes them into the docs; a test fails
 when the docs and the models differ). The tables' rows come from `study.spec.models`: the
 sections' models (``[search]``, ``[scheduler]``, ...) and each task's ``[config]`` fields (the
 config dataclasses of `ponder.config`, with their field docstrings). No Ray, no torch.

@@ -37,7 +37,7 @@ def errors(schema: dict[str, Any], doc: dict[str, Any]) -> list[str]:
 
 def test_the_shipped_schema_is_the_printed_one(printed: dict[str, Any]) -> None:
     assert json.loads(SHIPPED.read_text()) == printed, (
-        "study/spec/specs/spec.schema.json differs from the spec's models: regenerate it: make reference"
+        "study/spec/specs/spec.schema.json differs from the spec's models: regenerate it: make generate"
     )
 
 
