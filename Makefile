@@ -127,7 +127,7 @@ study: $(STAMP)  ## the default study on a local Ray instance: Parquet under res
 		$(BIN)/ponder-study run $(STUDY); \
 	fi
 
-bench: $(STAMP)  ## iteration speed against the seeds' formulation
+bench: $(STAMP)  ## iteration speed against the reference formulation
 	$(BIN)/python bench/iteration_speed.py
 
 train: $(STAMP)  ## one parity run with the default config

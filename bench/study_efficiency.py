@@ -1,4 +1,4 @@
-"""How many training iterations a study needs to match the seeds' lambda_p grid: grid, random, Optuna + ASHA.
+"""Training iterations a study needs to match the reference lambda_p grid: grid, random, Optuna + ASHA.
 
 Three real studies run through the project's own path, `study.run.runner.run_study`, one after the
 other on one local Ray instance (``address="local"``), all on the same task config and the same
@@ -9,8 +9,8 @@ per-trial budget B (``--iterations``):
   hidden 64, ``device = "cpu"``, model seed 0; one CPU a trial, ``max_concurrent = 2`` in every
   study, ``max_failures = 0``. The spec is the shipped ``parity`` spec (`study.spec.spec.load_spec`),
   its TOML edited and parsed again (`study.spec.spec.parse_spec` of `study.spec.spec.to_toml`);
-1. **grid**: the seeds' grid, ``lambda_p`` in [0.1, 0.3, 0.5, 0.7, 0.9] (``sampler = "grid"``),
-   ``beta = 0.01`` and ``max_steps = 20`` fixed as in the seeds, ASHA's ``grace_period`` = B so
+1. **grid**: the reference grid, ``lambda_p`` in [0.1, 0.3, 0.5, 0.7, 0.9] (``sampler = "grid"``),
+   ``beta = 0.01`` and ``max_steps = 20`` fixed as in the reference grid, ASHA's ``grace_period`` = B so
    that nothing stops early: 5 trials of B iterations;
 2. **random**: ``sampler = "random"`` (Optuna's) over ``lambda_p`` in [0.05, 0.9], ``beta`` in
    [1e-4, 0.1] on a log scale, ``max_steps`` in [4, 20] (the ``parity`` spec's space),
@@ -85,8 +85,8 @@ from study.storage.storage import read_study_table
 
 BASE_SPEC = "parity"
 METRIC = "test/halted_accuracy"
-GRID_LAMBDA_P = [0.1, 0.3, 0.5, 0.7, 0.9]  # the seeds' grid
-GRID_FIXED = {"beta": 0.01, "max_steps": 20}  # fixed in the seeds' grid
+GRID_LAMBDA_P = [0.1, 0.3, 0.5, 0.7, 0.9]  # the reference grid
+GRID_FIXED = {"beta": 0.01, "max_steps": 20}  # fixed in the reference grid
 SPACE: dict[str, dict[str, Any]] = {  # the random and Optuna + ASHA space (the parity spec's)
     "lambda_p": {"low": 0.05, "high": 0.9},
     "beta": {"low": 1e-4, "high": 0.1, "log": True},

@@ -14,7 +14,7 @@ REPO = Path(__file__).resolve().parents[1]
 LOCAL = re.compile(r"/work/|\bshared/|(?<![\w-])seeds/|\bNOTES\b|\bseeds? 00\d")
 """Where the reference material and notes lay on the machine the docs were written on: an
 absolute path, the shared folder, its seeds/ and NOTES, a seed file by number. A study's
-folder (``docs/results/ponder-difficulty-seeds/``) is not one."""
+folder named for random seeds (``results/studies/x-seeds/``) is not one."""
 
 
 def test_docs_and_benches_cite_no_machine_local_path() -> None:

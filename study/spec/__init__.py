@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from study.spec.spec import (
         NAME_PATTERN,
         SAMPLERS,
+        SPEC_ALIASES,
         SPECS_DIR,
         Dimension,
         ResourcesSpec,
@@ -40,6 +41,7 @@ __all__ = [
     "NAME_PATTERN",
     "SAMPLERS",
     "SPECS_DIR",
+    "SPEC_ALIASES",
     "Dimension",
     "ResourcesSpec",
     "RunSpec",

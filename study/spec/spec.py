@@ -105,6 +105,7 @@ __all__ = [
     "NAME_PATTERN",
     "SAMPLERS",
     "SPECS_DIR",
+    "SPEC_ALIASES",
     "Dimension",
     "ResourcesSpec",
     "RunSpec",
@@ -123,6 +124,14 @@ __all__ = [
 
 SPECS_DIR = Path(__file__).parent / "specs"
 """Where the shipped specs live, one ``<name>.toml`` each, beside ``spec.schema.json``."""
+
+SPEC_ALIASES = {
+    "ponder-difficulty-seeds": "ponder-difficulty-reference",
+    "ponder-extrapolation-seeds": "ponder-extrapolation",
+}
+"""A shipped spec's former name -> its name now. "seeds" said both the reference implementations'
+formulation and random seeds; the old names still load, and a study run by one is named by it,
+so its later commands (``status``, ``resume``) find it as before."""
 
 
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
@@ -322,9 +331,11 @@ def list_specs() -> list[str]:
 
 
 def load_spec(name_or_path: str) -> StudySpec:
-    """A shipped spec by name (``parity``) or a spec file by path (``my/study.toml``)."""
+    """A shipped spec by name (``parity``, or a former name in `SPEC_ALIASES`) or a spec file by
+    path (``my/study.toml``)."""
     is_path = name_or_path.endswith(".toml") or "/" in name_or_path or "\\" in name_or_path
-    path = Path(name_or_path) if is_path else SPECS_DIR / f"{name_or_path}.toml"
+    shipped_name = SPEC_ALIASES.get(name_or_path, name_or_path)
+    path = Path(name_or_path) if is_path else SPECS_DIR / f"{shipped_name}.toml"
     if not path.is_file():
         shipped = list_specs()
         close = difflib.get_close_matches(name_or_path, shipped, n=1)
@@ -335,7 +346,7 @@ def load_spec(name_or_path: str) -> StudySpec:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         _fail("spec", f"cannot read {str(path)!r}: {exc}")
-    return parse_spec(text, path.stem, origin=str(path))
+    return parse_spec(text, path.stem if is_path else name_or_path, origin=str(path))
 
 
 def parse_spec(text: str, name: str, *, origin: str | None = None) -> StudySpec:
