@@ -9,6 +9,9 @@ time by a Dataset and collated by a DataLoader, the halting distribution as a ru
 of probabilities, a Bernoulli halting draw inside the training unroll, a Python loop over steps
 in the reconstruction loss, and ``KLDivLoss(p.log(), p_g)`` against a truncated geometric
 prior. Do not use it for anything else.
+
+A library, not a benchmark: `bench/iteration_speed.py` and `bench/time_to_accuracy.py` import
+`ReferenceTrainer` as their baseline; it runs nothing by itself.
 """
 
 from __future__ import annotations

@@ -40,7 +40,8 @@ one row per trial per report):
   reported, in its run order) and its total (a grid is only known to be done when all of it
   ran). Every ratio is against the grid measured in the same run: "x grid walk" divides by the
   grid's walk at the same tolerance, "x grid total" by the grid's total.
-- **the issue's target**: "Optuna + ASHA needs at most 30 % of the grid's iterations", judged on
+- **the target**: "Optuna + ASHA needs at most 30 % of the grid's iterations" (what a search
+  should save to be worth it over the grid), judged on
   the grid's total (what running the grid costs) at ``--tolerance``; the ratio against the grid's
   walk is printed beside it.
 
@@ -94,7 +95,7 @@ SPACE: dict[str, dict[str, Any]] = {  # the random and Optuna + ASHA space (the 
 }
 PARAMS = ("lambda_p", "beta", "max_steps")
 MAX_CONCURRENT = 2
-TARGET_RATIO = 0.30  # the issue: Optuna + ASHA needs at most 30 % of the grid's iterations
+TARGET_RATIO = 0.30  # the target: Optuna + ASHA needs at most 30 % of the grid's iterations
 EXTRA_TOLERANCE = 0.005
 STRATEGIES = ("grid", "random", "optuna+asha")
 LABELS = {"grid": "grid (lambda_p)", "random": "random", "optuna+asha": "Optuna + ASHA"}

@@ -182,3 +182,81 @@ def test_pages_stay_short() -> None:
         if count >= limit:
             over.append(f"{path.relative_to(REPO)}: {count} lines, the limit {limit}")
     assert not over, "\n".join(over)
+
+
+# -- links and the bench index ---------------------------------------------------------------------
+
+LINKED = [*PAGES, REPO / "bench" / "README.md", REPO / "docs" / "evidence" / "README.md"]
+"""Every Markdown page whose links a reader follows."""
+
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def anchors(page: Path) -> set[str]:
+    """The anchors GitHub gives a page's headings: lower case, punctuation but ``-`` and ``_``
+    dropped, spaces as ``-`` (a repeated heading gets ``-1``, ``-2``...)."""
+    seen: dict[str, int] = {}
+    out = set()
+    text = re.sub(r"^```.*?^```", "", page.read_text(), flags=re.M | re.S)  # no headings in code
+    for heading in re.findall(r"^#+ (.+)$", text, flags=re.M):
+        slug = re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+        n = seen.get(slug, 0)
+        seen[slug] = n + 1
+        out.add(slug if n == 0 else f"{slug}-{n}")
+    return out
+
+
+def test_every_relative_link_reaches_its_file_and_heading() -> None:
+    broken = []
+    for page in LINKED:
+        for target in LINK.findall(page.read_text()):
+            if re.match(r"[a-z]+:", target):  # https:, mailto:
+                continue
+            path, _, anchor = target.partition("#")
+            where = (page.parent / path).resolve() if path else page
+            if not where.exists():
+                broken.append(f"{page.relative_to(REPO)}: {target}: no such file")
+            elif anchor and where.suffix == ".md" and anchor not in anchors(where):
+                broken.append(f"{page.relative_to(REPO)}: {target}: no such heading")
+    assert not broken, "\n".join(broken)
+
+
+def _bench_rows() -> dict[str, list[str]]:
+    rows = {}
+    for line in (REPO / "bench" / "README.md").read_text().splitlines():
+        cells = [c.strip() for c in re.split(r"(?<!\\)\|", line)[1:-1]]
+        if cells and re.fullmatch(r"`[\w.]+\.(py|sh)`", cells[0]):
+            rows[cells[0].strip("`")] = cells
+    return rows
+
+
+def test_the_bench_index_has_one_row_a_script() -> None:
+    scripts = sorted(p.name for p in (REPO / "bench").iterdir() if p.suffix in (".py", ".sh"))
+    assert sorted(_bench_rows()) == scripts
+
+
+def _tests_importing(script: str) -> set[str]:
+    """The test modules that load ``bench/<script>``: by ``import <stem>`` (bench/ on the path,
+    as in a subprocess's code) or by its file name."""
+    stem = Path(script).stem
+    found = set()
+    for test in (REPO / "tests").rglob("test_*.py"):
+        text = test.read_text()
+        if re.search(rf"^\s*import {stem}\b|^\s*from {stem} import|\"{re.escape(script)}\"", text, re.M):
+            found.add(str(test.relative_to(REPO)))
+    return found
+
+
+def test_the_bench_index_says_which_scripts_tests_import() -> None:
+    for script, cells in _bench_rows().items():
+        said = set(re.findall(r"`(tests/[\w/]+\.py)`", cells[-1]))
+        assert said == _tests_importing(script), script
+
+
+def test_the_bench_index_gives_each_scripts_own_last_line() -> None:
+    """A row's last line, up to its first placeholder (``<...>``), is printed by the script."""
+    for script, cells in _bench_rows().items():
+        shown = re.match(r"`([^`<]*)", cells[3])
+        if shown and shown.group(1).strip():
+            words = shown.group(1).strip()
+            assert words in (REPO / "bench" / script).read_text(), (script, words)
