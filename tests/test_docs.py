@@ -260,3 +260,69 @@ def test_the_bench_index_gives_each_scripts_own_last_line() -> None:
         if shown and shown.group(1).strip():
             words = shown.group(1).strip()
             assert words in (REPO / "bench" / script).read_text(), (script, words)
+
+
+# -- what the docs state that the code decides --------------------------------------------------
+
+
+def _tune_save_period_s() -> float:
+    """Tune's period between saves of the experiment state when nobody sets it (``auto``)."""
+    from ray.tune.execution.experiment_state import _ExperimentCheckpointManager
+
+    return float(_ExperimentCheckpointManager(storage=None, checkpoint_period="auto")._checkpoint_period)
+
+
+def _stated_values() -> list[tuple[str, str, float]]:
+    """(page, pattern whose one group is a number the page states, the code's number)."""
+    import inspect
+
+    from ponder import cli as ponder_cli
+    from study.records.parquet import SCHEMA_VERSION
+    from study.reports.importance import MIN_TRIALS
+    from study.reports.live import DEFAULT_INTERVAL_S
+    from study.run.lease import LEASE_TTL_S
+    from study.spec.spec import MAX_NAME_LENGTH
+    from study.storage.filesystems import check_reachable
+
+    reach_s = inspect.signature(check_reachable).parameters["timeout_s"].default
+    return [
+        ("README.md", r"fANOVA importance of each searched field, once (\d+)", MIN_TRIALS),
+        ("docs/specs.md", r"once Optuna holds (\d+) trials complete", MIN_TRIALS),
+        ("docs/specs.md", r"importance: needs (\d+) ended trials", MIN_TRIALS),
+        ("README.md", r"redrawn every (\d+) s", DEFAULT_INTERVAL_S),
+        ("docs/specs.md", r"redrawn every (\d+) s", DEFAULT_INTERVAL_S),
+        ("docs/specs.md", r"read every (\d+) s \(or S\)", DEFAULT_INTERVAL_S),
+        ("docs/specs.md", r"longer than (\d+) characters", MAX_NAME_LENGTH),
+        ("docs/specs.md", r"does not\s+answer within (\d+) s", reach_s),
+        ("docs/resume.md", r"renewed every (\d+) s", LEASE_TTL_S / 3),
+        ("docs/resume.md", r"(?:not been renewed for|waits at most|went\s+those) (\d+) s", LEASE_TTL_S),
+        ("docs/resume.md", r"written in place every (\d+) s or more", _tune_save_period_s()),
+        ("docs/parquet.md", r"schema version (\d+)", SCHEMA_VERSION),
+        ("docs/parquet.md", r"`schema_version` \((\d+)\)", SCHEMA_VERSION),
+        ("docs/parquet.md", r"\| `schema_version` \| (\d+) ", SCHEMA_VERSION),
+        ("docs/ponder.md", r"prints one line on stderr and exits with code (\d+)", ponder_cli.EXIT_USAGE),
+    ]
+
+
+def test_numbers_the_docs_state_are_the_codes() -> None:
+    """A default or a limit a page states in prose (the generated tables aside) is the code's:
+    change one and this names the page to change with it."""
+    wrong = []
+    for page, pattern, value in _stated_values():
+        found = re.findall(pattern, (REPO / page).read_text())
+        assert found, f"{page} no longer states /{pattern}/: say it again or drop it from this test"
+        wrong += [f"{page}: /{pattern}/ says {n}, the code {value:g}" for n in found if float(n) != value]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_parity_defaults_ponder_md_states_are_parity_configs() -> None:
+    from ponder.config import ParityConfig
+
+    text = (REPO / "docs" / "ponder.md").read_text()
+    stated = re.search(r"\(`ParityConfig`, defaults ([^)]*)\)", text)
+    assert stated, "docs/ponder.md no longer lists ParityConfig's defaults"
+    names = {"hidden": "n_hidden", "batch": "batch_size"}
+    config = ParityConfig()
+    for pair in " ".join(stated.group(1).split()).split(", "):
+        name, value = pair.rsplit(" ", 1)
+        assert float(value) == getattr(config, names.get(name, name)), pair
