@@ -195,9 +195,9 @@ class Evaluate(StudyReader):
         parser.add_argument(
             "--repeats",
             type=int,
-            default=3,
+            default=5,
             metavar="N",
-            help="time each pass this many times, keep the best (default: 3)",
+            help="time each pass this many times; the median and the range are printed (default: 5)",
         )
         add_storage(parser)
 
