@@ -1,7 +1,9 @@
 """The study spec: one TOML file per named study, checked in full before Ray starts.
 
-- `study.spec.spec`: `StudySpec`, `load_spec`, `parse_spec`, `SpecError`, the shipped specs
-  (``specs/*.toml``, `SPECS_DIR`, `list_specs`);
+- `study.spec.spec`: `StudySpec`, `load_spec`, `parse_spec`, `SpecError`;
+- `study.spec.shipped`: the shipped specs (``specs/*.toml``, `SPECS_DIR`, `list_specs`) and their
+  former names (`SPEC_ALIASES`);
+- `study.spec.reference`: every spec key as the Markdown table of docs/specs.md;
 - `study.spec.models`: the document's typed models (pydantic) and its JSON Schema;
 - `study.spec.toml`: a parsed spec written back as TOML text (overrides kept in its source);
 - `study.spec.check`: ``ponder-study check``, what running a spec would cost (not imported here:

@@ -99,6 +99,7 @@ from study.spec.models import (
     schema_text,
     toml_key,
 )
+from study.spec.shipped import SPEC_ALIASES, SPECS_DIR, list_specs
 from study.spec.toml import to_toml, toml_value
 
 __all__ = [
@@ -121,18 +122,6 @@ __all__ = [
     "schema_text",
     "to_toml",
 ]
-
-SPECS_DIR = Path(__file__).parent / "specs"
-"""Where the shipped specs live, one ``<name>.toml`` each, beside ``spec.schema.json``."""
-
-SPEC_ALIASES = {
-    "ponder-difficulty-seeds": "ponder-difficulty-reference",
-    "ponder-extrapolation-seeds": "ponder-extrapolation",
-}
-"""A shipped spec's former name -> its name now. "seeds" said both the reference implementations'
-formulation and random seeds; the old names still load, and a study run by one is named by it,
-so its later commands (``status``, ``resume``) find it as before."""
-
 
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 """A study name: it becomes a directory name and a Parquet partition value (``study=<name>``)."""
@@ -323,11 +312,6 @@ class StudySpec:
 
 
 # -- loading ------------------------------------------------------------------------------------
-
-
-def list_specs() -> list[str]:
-    """Names of the shipped specs, sorted."""
-    return sorted(p.stem for p in SPECS_DIR.glob("*.toml"))
 
 
 def load_spec(name_or_path: str) -> StudySpec:
