@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 
 FASHION := /usr/share/datasets/fashion-mnist
 
-.PHONY: help venv test test-fast lint typecheck pytest study bench train clean fashion-mnist chromium slurm jobserver
+.PHONY: help venv test test-fast lint typecheck pytest study bench train clean fashion-mnist chromium slurm jobserver generate
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -35,12 +35,17 @@ $(STAMP): pyproject.toml
 venv: $(STAMP)  ## create .venv and install the project with its dev extras
 
 lint: $(STAMP)  ## ruff lint and format check, and the import contract (pyproject.toml)
-	$(BIN)/ruff check ponder study tests bench
-	$(BIN)/ruff format --check ponder study tests bench
+	$(BIN)/ruff check ponder study tests bench docs/evidence
+	$(BIN)/ruff format --check ponder study tests bench docs/evidence
 	$(BIN)/lint-imports --no-cache
 
 typecheck: $(STAMP)  ## mypy on ponder/ and study/
 	$(BIN)/mypy
+
+# After a change to a spec key, a config field, a verb, a flag or an exit code: the tables in
+# docs/ and the shipped JSON Schema are generated from the code (tests fail until they match)
+generate: $(STAMP)  ## rewrite what is generated from the code: docs' reference tables, spec.schema.json
+	$(BIN)/python -m study.cli.reference
 
 fashion-mnist:  ## Debian's Fashion-MNIST IDX files, for the reader's test (best effort: skipped if apt cannot)
 	@if [ -d $(FASHION) ]; then :; \
@@ -122,7 +127,7 @@ study: $(STAMP)  ## the default study on a local Ray instance: Parquet under res
 		$(BIN)/ponder-study run $(STUDY); \
 	fi
 
-bench: $(STAMP)  ## iteration speed against the seeds' formulation
+bench: $(STAMP)  ## iteration speed against the reference formulation
 	$(BIN)/python bench/iteration_speed.py
 
 train: $(STAMP)  ## one parity run with the default config

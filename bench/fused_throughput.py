@@ -23,8 +23,8 @@ own), and the CPU seconds the machine had left idle: where a study's cores go.
     .venv/bin/python bench/fused_throughput.py --seconds 120 --fuse 8
     .venv/bin/python bench/fused_throughput.py --seconds 120 --fuse 256 --gpu 0.25 --num-samples 1024
 
-``--to-end`` runs the fused study alone until it finishes (``--seconds`` its limit): the issue's
-"256 trials x 5,000 iterations with ASHA in under 5 minutes on one GPU" is
+``--to-end`` runs the fused study alone until it finishes (``--seconds`` its limit) and prints its
+wall time: 256 trials x 5,000 iterations with ASHA on one GPU (a step of bench/gpu_checks.sh) is
 
     .venv/bin/python bench/fused_throughput.py --to-end --gpu 1 --fuse 256 --num-samples 256 --seconds 300
 """

@@ -7,7 +7,7 @@
 #      (its wall time), then the fused step's speed (bench/fused_speed.py, eager and compiled);
 #   2. a parity-smoke study with a quarter of the GPU per trial (four trials at once), its
 #      status, and `evaluate` of its best trial on the GPU and on the CPU;
-#   3. bench/iteration_speed.py --device cuda: seeds, eager, compiled (CUDA graphs), compiled without;
+#   3. bench/iteration_speed.py --device cuda: reference, eager, compiled (CUDA graphs), compiled without;
 #   4. bench/gpu_packing.py (trials per GPU against throughput);
 #   5. tests/study/test_gpu.py (step 2 as a test);
 #   6. the speed figures on the GPU, if time is left: bench/iteration_speed.py --task mnist,

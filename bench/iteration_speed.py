@@ -1,28 +1,28 @@
-"""Time one parity training iteration: this library, eager and compiled, against the seeds' formulation.
+"""Time one parity training iteration: this library, eager and compiled, against the reference formulation.
 
-Shapes from the issue: n_elems 15, max_steps 20, batch 128, hidden 64, CPU, 2 threads. The
-baseline (`bench/seeds_baseline.py`) builds samples one at a time through a DataLoader,
-computes p as a product, loops over steps in the reconstruction loss and takes
+Shapes: the reference implementations' parity run, n_elems 15, max_steps 20, batch 128, hidden 64,
+CPU, 2 threads. The baseline (`bench/reference_baseline.py`) builds samples one at a time through
+a DataLoader, computes p as a product, loops over steps in the reconstruction loss and takes
 ``KLDivLoss(p.log(), p_g)``.
 
 Each side runs in its own fresh worker process, as each would run for real (ponder's trainer
-changes process-wide malloc settings, see `ponder/cpu.py`, which the seeds' code would not
+changes process-wide malloc settings, see `ponder/cpu.py`, which the reference code would not
 have), and the workers alternate for several rounds so that a busy moment of the machine hits
 all alike. ``compiled`` is `Trainer` with ``compile = "on"``: its first iteration, which
 compiles (or loads the compile from Inductor's cache, `ponder.compiled`), is timed apart from
 the iterations; the first round's compile is cold only if the cache has no entry for these
 shapes and thread count (``--cache DIR`` picks the cache; default the one trials share).
 
-Prints each mode's median and, as its last line, ``speedup <seeds / mode>`` for the mode a
+Prints each mode's median and, as its last line, ``speedup <reference / mode>`` for the mode a
 parity trial with the default config uses on this device (`ponder.compiled.should_compile`).
 
 ``--device cuda`` times every mode on the GPU (each iteration waited for: ``synchronize``), the
-seeds' batches built on the CPU and moved, as their code does. There ``compiled`` replays CUDA
+reference batches built on the CPU and moved, as their code does. There ``compiled`` replays CUDA
 graphs (`ponder.compiled.CUDA_GRAPHS`), and ``compiled-nographs`` is the same compile without
 them, to show what the graphs add.
 
     .venv/bin/python bench/iteration_speed.py [--iterations 1000] [--rounds 5] [--threads 2] [--task mnist]
-        [--modes seeds,eager,compiled] [--cache DIR] [--device cuda]
+        [--modes reference,eager,compiled] [--cache DIR] [--device cuda]
 """
 
 from __future__ import annotations
@@ -43,9 +43,11 @@ HERE = Path(__file__).resolve().parent
 SHAPES = {"n_elems": 15, "max_steps": 20, "batch_size": 128, "n_hidden": 64}
 MNIST_SHAPES = {"max_steps": 20, "batch_size": 128, "n_hidden": 64}
 """MNIST (``--task mnist``): the CNN + MLP step at the config's defaults otherwise (embedding 64)."""
-MODES = ("seeds", "eager", "compiled", "compiled-nographs")
+MODES = ("reference", "eager", "compiled", "compiled-nographs")
+OLD_MODES = {"seeds": "reference"}
+"""A mode's former name -> its name now (``--modes seeds,eager`` still runs)."""
 NAMES = {
-    "seeds": "seeds' formulation",
+    "reference": "reference formulation",
     "eager": "ponder, eager",
     "compiled": "ponder, compiled",
     "compiled-nographs": "compiled, no graphs",
@@ -59,11 +61,11 @@ def worker(
     ``compiled``), and page faults per iteration, in this process."""
     torch.set_num_threads(threads)
     torch.manual_seed(0)
-    if which == "seeds":
+    if which == "reference":
         sys.path.insert(0, str(HERE))
-        from seeds_baseline import SeedsTrainer
+        from reference_baseline import ReferenceTrainer
 
-        train_step = SeedsTrainer(**SHAPES, lambda_p=0.2, beta=0.01, lr=3e-4, device=device).step
+        train_step = ReferenceTrainer(**SHAPES, lambda_p=0.2, beta=0.01, lr=3e-4, device=device).step
     else:
         import ponder.compiled
         from ponder import MnistConfig, ParityConfig, Trainer
@@ -120,7 +122,7 @@ def main() -> None:
         "--task",
         choices=("parity", "mnist"),
         default="parity",
-        help="mnist: the CNN + MLP step, eager against compiled (no seeds' baseline for it here)",
+        help="mnist: the CNN + MLP step, eager against compiled (no reference baseline for it here)",
     )
     parser.add_argument("--device", default="cpu", help="cpu, or cuda (a GPU torch can see)")
     parser.add_argument("--worker", choices=MODES, help=argparse.SUPPRESS)
@@ -137,10 +139,10 @@ def main() -> None:
     if args.cache:
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(Path(args.cache).resolve())
 
-    asked = args.modes.split(",")
+    asked = [OLD_MODES.get(m, m) for m in args.modes.split(",")]
     if unknown := sorted(set(asked) - set(MODES)):
         parser.error(f"--modes: unknown {', '.join(unknown)}; known: {', '.join(MODES)}")
-    modes = [m for m in MODES if m in asked and not (args.task == "mnist" and m == "seeds")]
+    modes = [m for m in MODES if m in asked and not (args.task == "mnist" and m == "reference")]
     if not args.device.startswith("cuda"):  # graphs are a CUDA thing: on the CPU it is `compiled`
         modes = [m for m in modes if m != "compiled-nographs"]
     per_round = max(1, args.iterations // args.rounds)
@@ -180,9 +182,9 @@ def main() -> None:
             print(f"compiled speedup over eager {ms['eager'] / ms['compiled']:.2f}")
         return
     mode = default_mode(args.device)
-    if "seeds" in modes and mode in modes:
+    if "reference" in modes and mode in modes:
         print(f"default mode for a parity trial on {args.device}: {mode}")
-        print(f"speedup {ms['seeds'] / ms[mode]:.2f}")
+        print(f"speedup {ms['reference'] / ms[mode]:.2f}")
 
 
 if __name__ == "__main__":

@@ -33,6 +33,9 @@ A study that finishes before the campaign has made its K kills is followed by an
 
 With ``--fuse K`` the smoke study's trials are trained in fused groups of K on the machine's CPUs
 (K at a time), so every kill lands on a driver whose trials share a fuser.
+
+Also a library: tests/study/test_kill_campaign.py imports it and runs a seeded, smaller campaign
+(`Campaign`, `run_campaign`) in the suite.
 """
 
 from __future__ import annotations

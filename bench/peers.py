@@ -289,7 +289,16 @@ def main() -> None:
         "every peer reaches it in every round, else the relative answer's)",
     )
     p.add_argument("--dump", type=Path, help="write every peer's runs, reports included, to this JSON file")
+    p.add_argument(
+        "--write-spec",
+        type=Path,
+        metavar="TOML",
+        help="write the ponder-study spec of this search to TOML and exit (to profile its `run` alone)",
+    )
     a = p.parse_args()
+    if a.write_spec:
+        a.write_spec.write_text(_spec(a))
+        return
     env = {**os.environ, "OMP_NUM_THREADS": "1", "RAY_ADDRESS": ""}
     env.pop("RAY_ADDRESS")
     peers = {

@@ -24,6 +24,9 @@ record>`` (1.00 when every record is read once; Tune's own state, a cache, is le
 About 6 minutes at N = 100 and 2,000 on a busy 2-core machine: the two small studies' runs, then
 Tune's restore of 2,000 trials, which lists moto's bucket for each. ``--whole`` at N = 2,000
 takes ten minutes more (the final export, on moto).
+
+Also a library: tests/study/test_truth.py imports its counters (`counted_readers`) to check that
+a resume in the suite reads each record once.
 """
 
 from __future__ import annotations

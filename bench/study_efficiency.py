@@ -1,4 +1,4 @@
-"""How many training iterations a study needs to match the seeds' lambda_p grid: grid, random, Optuna + ASHA.
+"""Training iterations a study needs to match the reference lambda_p grid: grid, random, Optuna + ASHA.
 
 Three real studies run through the project's own path, `study.run.runner.run_study`, one after the
 other on one local Ray instance (``address="local"``), all on the same task config and the same
@@ -9,8 +9,8 @@ per-trial budget B (``--iterations``):
   hidden 64, ``device = "cpu"``, model seed 0; one CPU a trial, ``max_concurrent = 2`` in every
   study, ``max_failures = 0``. The spec is the shipped ``parity`` spec (`study.spec.spec.load_spec`),
   its TOML edited and parsed again (`study.spec.spec.parse_spec` of `study.spec.spec.to_toml`);
-1. **grid**: the seeds' grid, ``lambda_p`` in [0.1, 0.3, 0.5, 0.7, 0.9] (``sampler = "grid"``),
-   ``beta = 0.01`` and ``max_steps = 20`` fixed as in the seeds, ASHA's ``grace_period`` = B so
+1. **grid**: the reference grid, ``lambda_p`` in [0.1, 0.3, 0.5, 0.7, 0.9] (``sampler = "grid"``),
+   ``beta = 0.01`` and ``max_steps = 20`` fixed as in the reference grid, ASHA's ``grace_period`` = B so
    that nothing stops early: 5 trials of B iterations;
 2. **random**: ``sampler = "random"`` (Optuna's) over ``lambda_p`` in [0.05, 0.9], ``beta`` in
    [1e-4, 0.1] on a log scale, ``max_steps`` in [4, 20] (the ``parity`` spec's space),
@@ -40,7 +40,8 @@ one row per trial per report):
   reported, in its run order) and its total (a grid is only known to be done when all of it
   ran). Every ratio is against the grid measured in the same run: "x grid walk" divides by the
   grid's walk at the same tolerance, "x grid total" by the grid's total.
-- **the issue's target**: "Optuna + ASHA needs at most 30 % of the grid's iterations", judged on
+- **the target**: "Optuna + ASHA needs at most 30 % of the grid's iterations" (what a search
+  should save to be worth it over the grid), judged on
   the grid's total (what running the grid costs) at ``--tolerance``; the ratio against the grid's
   walk is printed beside it.
 
@@ -85,8 +86,8 @@ from study.storage.storage import read_study_table
 
 BASE_SPEC = "parity"
 METRIC = "test/halted_accuracy"
-GRID_LAMBDA_P = [0.1, 0.3, 0.5, 0.7, 0.9]  # the seeds' grid
-GRID_FIXED = {"beta": 0.01, "max_steps": 20}  # fixed in the seeds' grid
+GRID_LAMBDA_P = [0.1, 0.3, 0.5, 0.7, 0.9]  # the reference grid
+GRID_FIXED = {"beta": 0.01, "max_steps": 20}  # fixed in the reference grid
 SPACE: dict[str, dict[str, Any]] = {  # the random and Optuna + ASHA space (the parity spec's)
     "lambda_p": {"low": 0.05, "high": 0.9},
     "beta": {"low": 1e-4, "high": 0.1, "log": True},
@@ -94,7 +95,7 @@ SPACE: dict[str, dict[str, Any]] = {  # the random and Optuna + ASHA space (the 
 }
 PARAMS = ("lambda_p", "beta", "max_steps")
 MAX_CONCURRENT = 2
-TARGET_RATIO = 0.30  # the issue: Optuna + ASHA needs at most 30 % of the grid's iterations
+TARGET_RATIO = 0.30  # the target: Optuna + ASHA needs at most 30 % of the grid's iterations
 EXTRA_TOLERANCE = 0.005
 STRATEGIES = ("grid", "random", "optuna+asha")
 LABELS = {"grid": "grid (lambda_p)", "random": "random", "optuna+asha": "Optuna + ASHA"}

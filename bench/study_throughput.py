@@ -1,6 +1,6 @@
 """A whole study's wall time in each compile mode: what a user waits for, Ray and compiles included.
 
-Four trials of ``--iterations`` (default 10,000) on 15-element parity (the seeds' size: max_steps
+Four trials of ``--iterations`` (default 10,000) on 15-element parity (the reference size: max_steps
 20, batch 128, hidden 64), lambda_p and beta different in each (``--vary-max-steps``: max_steps
 10 and 20 instead of two betas, so the compiled trials need two shapes), no early stopping, two
 trials at a time on one CPU each. Each study is the real command (``ponder-study run``, its own

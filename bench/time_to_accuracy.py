@@ -4,7 +4,7 @@ Trains ``ParityConfig()`` (n_elems 15, max_steps 20, batch 128, hidden 64) on th
 ``--device cuda``, where the default config compiles its step: the compile is in the wall time)
 and evaluates on the fixed 1,000-sample ``test`` set every ``--eval-interval`` iterations, until
 the target or the time budget, once per seed of ``--seeds``. With ``--baseline`` it then trains
-the seeds' formulation (`bench/seeds_baseline.py`, lr 3e-4 as in the seeds) for the same wall
+the reference formulation (`bench/reference_baseline.py`, lr 3e-4 as in the reference code) for the same wall
 time and evaluates it on the same set, so both figures come from one run on one machine.
 
 The last line is ``median <seconds>`` over the seeds (``inf`` when one missed the target).
@@ -25,14 +25,14 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from seeds_baseline import SeedsTrainer
+from reference_baseline import ReferenceTrainer
 
 from ponder import ParityConfig, Trainer
 from ponder.data.parity import parity_eval_sets
 
 
-def seeds_halted_accuracy(trainer: SeedsTrainer, x: torch.Tensor, y: torch.Tensor) -> float:
-    """The seeds' evaluation: the prediction at the Bernoulli-sampled halting step."""
+def reference_halted_accuracy(trainer: ReferenceTrainer, x: torch.Tensor, y: torch.Tensor) -> float:
+    """The reference evaluation: the prediction at the Bernoulli-sampled halting step."""
     model = trainer.model.eval()
     with torch.no_grad():
         y_pred, _, halting_step = model(x)
@@ -77,7 +77,7 @@ def main() -> None:
     parser.add_argument("--seeds", default="0", help="comma-separated config seeds, one run each")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--device", default="cpu", help="cpu, or cuda")
-    parser.add_argument("--baseline", action="store_true", help="also train the seeds' formulation as long")
+    parser.add_argument("--baseline", action="store_true", help="also train the reference one as long")
     args = parser.parse_args()
     try:
         seeds = [int(s) for s in args.seeds.split(",")]
@@ -99,20 +99,20 @@ def main() -> None:
 
 
 def baseline(seed: int, seconds: float, args: argparse.Namespace) -> None:
-    """The seeds' formulation trained for ``seconds`` on the same test set."""
+    """The reference formulation trained for ``seconds`` on the same test set."""
     test = parity_eval_sets(15, (1, 15), 1000, seed=seed)["test"]
     torch.manual_seed(seed)
-    seeds = SeedsTrainer(15, 64, 20, 128, lambda_p=0.2, beta=0.01, lr=3e-4, device=args.device)
+    reference = ReferenceTrainer(15, 64, 20, 128, lambda_p=0.2, beta=0.01, lr=3e-4, device=args.device)
     x, y = test.x.to(args.device), test.y.to(args.device)
     start, iterations, best = time.perf_counter(), 0, 0.0
     while time.perf_counter() - start < seconds:
-        seeds.step()
+        reference.step()
         iterations += 1
         if iterations % args.eval_interval == 0:
-            best = max(best, seeds_halted_accuracy(seeds, x, y))
-    final = seeds_halted_accuracy(seeds, x, y)
+            best = max(best, reference_halted_accuracy(reference, x, y))
+    final = reference_halted_accuracy(reference, x, y)
     print(
-        f"seeds' formulation, seed {seed}, same {seconds:.1f} s: {iterations} iterations, "
+        f"reference formulation, seed {seed}, same {seconds:.1f} s: {iterations} iterations, "
         f"halted accuracy {final:.3f} (best {max(best, final):.3f})"
     )
 

@@ -33,8 +33,8 @@ from ponder.registry import definitions
 PriorTail = Literal["renormalise", "last_step", "truncate"]
 """How the geometric prior's mass beyond step N is treated (`ponder.halting.log_geometric_prior`)."""
 KLDirection = Literal["forward", "reverse"]
-"""``forward``: KL(p || p_G), the paper's. ``reverse``: KL(p_G || p), the seeds' (labml) one
-(`ponder.losses.kl_to_prior`)."""
+"""``forward``: KL(p || p_G), the paper's. ``reverse``: KL(p_G || p), the reference
+implementation's (labml) one (`ponder.losses.kl_to_prior`)."""
 DataStream = Literal["counter", "generator"]
 """Where a run's training batches come from (`PonderConfig.data_stream`)."""
 CompileMode = Literal["auto", "on", "off"]
@@ -108,9 +108,10 @@ class PonderConfig:
     max_nan_events: int = 100
     """End the run as diverged once more iterations than this had a non-finite loss or gradient."""
     kl_direction: KLDirection = "forward"
-    """forward: KL(p || p_G) as in the paper; reverse: KL(p_G || p), the seeds' direction."""
+    """forward: KL(p || p_G) as in the paper; reverse: KL(p_G || p), the reference implementation's."""
     prior_tail: PriorTail = "renormalise"
-    """Where the geometric prior's mass beyond max_steps goes: renormalise, last_step, truncate (seeds)."""
+    """Where the geometric prior's mass beyond max_steps goes: renormalise, last_step, truncate
+    (the reference implementation's)."""
     device: str = "auto"
     """Torch device: auto (CUDA when there is one), cpu, cuda, cuda:1, ..."""
     compile: CompileMode = "auto"
@@ -179,7 +180,7 @@ class PonderConfig:
 
 @dataclass
 class ParityConfig(PonderConfig):
-    """Parity of the +1s in a vector of 0, +1 and -1 (the paper's and the seeds' task)."""
+    """Parity of the +1s in a vector of 0, +1 and -1 (the paper's and the reference implementation's task)."""
 
     task: ClassVar[str] = "parity"
 
@@ -222,7 +223,7 @@ class ParityConfig(PonderConfig):
 
 @dataclass
 class MnistConfig(PonderConfig):
-    """MNIST digit classification with a CNN + MLP step (the seeds' article)."""
+    """MNIST digit classification with a CNN + MLP step (the reference MNIST article)."""
 
     task: ClassVar[str] = "mnist"
 
@@ -242,7 +243,7 @@ class MnistConfig(PonderConfig):
     dropout: float = 0.2
     """Dropout in the step's MLP."""
     train_rotation: float = 0.0
-    """Rotate training images by this many degrees (22.5 in the seeds' extrapolation run)."""
+    """Rotate training images by this many degrees (22.5 in the reference article's extrapolation run)."""
     eval_rotations: tuple[float, ...] = (22.5, 45.0, 67.5, 90.0)
     """Extra evaluation sets: the test images rotated by each of these angles in degrees."""
     data_stream: DataStream = "generator"

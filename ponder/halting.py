@@ -64,8 +64,8 @@ def log_geometric_prior(lambda_p: float, max_steps: int, tail: PriorTail = "reno
       so KL(p || p_G) >= 0 with equality only at p = p_G.
     - ``last_step``: give the tail to step N, i.e. the prior is the halting process with
       lambda_n = lambda_p and lambda_N = 1 -- the same constraint the model has. Proper too.
-    - ``truncate``: drop it (the seeds' choice). Sums to less than 1, so the "KL" can be
-      negative; kept only to reproduce the seeds' curves.
+    - ``truncate``: drop it (the reference code's choice). Sums to less than 1, so the "KL" can be
+      negative; kept only to reproduce the reference curves.
     """
     if not 0.0 < lambda_p <= 1.0:
         raise ValueError(f"lambda_p must be in (0, 1], got {lambda_p}")

@@ -50,7 +50,7 @@ def kl_to_prior(
     """L_reg: the KL divergence between p ``[N, B]`` and the prior ``[N]``, mean over batch.
 
     forward: KL(p || p_G) = sum_n p_n (log p_n - log p_G,n)       (the paper)
-    reverse: KL(p_G || p) = sum_n p_G,n (log p_G,n - log p_n)     (the seeds' KLDivLoss(p.log(), p_g))
+    reverse: KL(p_G || p) = sum_n p_G,n (log p_G,n - log p_n)     (the reference KLDivLoss(p.log(), p_g))
     """
     log_q = log_prior.to(log_p.dtype)[:, None]  # [N, 1], broadcast over the batch
     if direction == "forward":

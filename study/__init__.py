@@ -14,7 +14,7 @@ The path of a study through the folders, each importing only those below it:
 - `study.run`: `run_study`, `resume_study`, `export` (`study.run.runner`), the trainable, the
   Parquet written as trials end, the driver's stops, its lease, Tune's saved state, TensorBoard;
 - `study.reports`: what is read from a study: its summary, HTML report, plots, Pareto front,
-  importance, seeds' intervals, ``status --watch``, ``evaluate``;
+  importance, intervals over seeds, ``status --watch``, ``evaluate``;
 - `study.cli`: ``ponder-study`` (`study.cli.launch.main`), one `Command` a verb.
 
 Nothing is imported here, so ``ponder-study --help`` does not wait for Ray.

@@ -14,7 +14,7 @@ REPO = Path(__file__).resolve().parents[1]
 LOCAL = re.compile(r"/work/|\bshared/|(?<![\w-])seeds/|\bNOTES\b|\bseeds? 00\d")
 """Where the reference material and notes lay on the machine the docs were written on: an
 absolute path, the shared folder, its seeds/ and NOTES, a seed file by number. A study's
-folder (``docs/results/ponder-difficulty-seeds/``) is not one."""
+folder named for random seeds (``results/studies/x-seeds/``) is not one."""
 
 
 def test_docs_and_benches_cite_no_machine_local_path() -> None:
@@ -148,10 +148,10 @@ def _comments_and_strings(text: str) -> list[tuple[int, str]]:
 
 
 def lab_lines_in_code() -> list[str]:
-    """The lab notebook's marks in the comments and docstrings of ponder/, study/ and bench/ (and
-    bench's shell scripts)."""
+    """The lab notebook's marks in the comments and docstrings of ponder/, study/, bench/ and
+    docs/evidence/ (and bench's shell scripts)."""
     found = []
-    for folder in ("ponder", "study", "bench"):
+    for folder in ("ponder", "study", "bench", "docs/evidence"):
         for path in sorted((REPO / folder).rglob("*")):
             if path.suffix not in (".py", ".sh") or not path.is_file():
                 continue
@@ -182,3 +182,147 @@ def test_pages_stay_short() -> None:
         if count >= limit:
             over.append(f"{path.relative_to(REPO)}: {count} lines, the limit {limit}")
     assert not over, "\n".join(over)
+
+
+# -- links and the bench index ---------------------------------------------------------------------
+
+LINKED = [*PAGES, REPO / "bench" / "README.md", REPO / "docs" / "evidence" / "README.md"]
+"""Every Markdown page whose links a reader follows."""
+
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def anchors(page: Path) -> set[str]:
+    """The anchors GitHub gives a page's headings: lower case, punctuation but ``-`` and ``_``
+    dropped, spaces as ``-`` (a repeated heading gets ``-1``, ``-2``...)."""
+    seen: dict[str, int] = {}
+    out = set()
+    text = re.sub(r"^```.*?^```", "", page.read_text(), flags=re.M | re.S)  # no headings in code
+    for heading in re.findall(r"^#+ (.+)$", text, flags=re.M):
+        slug = re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+        n = seen.get(slug, 0)
+        seen[slug] = n + 1
+        out.add(slug if n == 0 else f"{slug}-{n}")
+    return out
+
+
+def test_every_relative_link_reaches_its_file_and_heading() -> None:
+    broken = []
+    for page in LINKED:
+        for target in LINK.findall(page.read_text()):
+            if re.match(r"[a-z]+:", target):  # https:, mailto:
+                continue
+            path, _, anchor = target.partition("#")
+            where = (page.parent / path).resolve() if path else page
+            if not where.exists():
+                broken.append(f"{page.relative_to(REPO)}: {target}: no such file")
+            elif anchor and where.suffix == ".md" and anchor not in anchors(where):
+                broken.append(f"{page.relative_to(REPO)}: {target}: no such heading")
+    assert not broken, "\n".join(broken)
+
+
+def _bench_rows() -> dict[str, list[str]]:
+    rows = {}
+    for line in (REPO / "bench" / "README.md").read_text().splitlines():
+        cells = [c.strip() for c in re.split(r"(?<!\\)\|", line)[1:-1]]
+        if cells and re.fullmatch(r"`[\w.]+\.(py|sh)`", cells[0]):
+            rows[cells[0].strip("`")] = cells
+    return rows
+
+
+def test_the_bench_index_has_one_row_a_script() -> None:
+    scripts = sorted(p.name for p in (REPO / "bench").iterdir() if p.suffix in (".py", ".sh"))
+    assert sorted(_bench_rows()) == scripts
+
+
+def _tests_importing(script: str) -> set[str]:
+    """The test modules that load ``bench/<script>``: by ``import <stem>`` (bench/ on the path,
+    as in a subprocess's code) or by its file name."""
+    stem = Path(script).stem
+    found = set()
+    for test in (REPO / "tests").rglob("test_*.py"):
+        text = test.read_text()
+        if re.search(rf"^\s*import {stem}\b|^\s*from {stem} import|\"{re.escape(script)}\"", text, re.M):
+            found.add(str(test.relative_to(REPO)))
+    return found
+
+
+def test_the_bench_index_says_which_scripts_tests_import() -> None:
+    for script, cells in _bench_rows().items():
+        said = set(re.findall(r"`(tests/[\w/]+\.py)`", cells[-1]))
+        assert said == _tests_importing(script), script
+
+
+def test_the_bench_index_gives_each_scripts_own_last_line() -> None:
+    """A row's last line, up to its first placeholder (``<...>``), is printed by the script."""
+    for script, cells in _bench_rows().items():
+        shown = re.match(r"`([^`<]*)", cells[3])
+        if shown and shown.group(1).strip():
+            words = shown.group(1).strip()
+            assert words in (REPO / "bench" / script).read_text(), (script, words)
+
+
+# -- what the docs state that the code decides --------------------------------------------------
+
+
+def _tune_save_period_s() -> float:
+    """Tune's period between saves of the experiment state when nobody sets it (``auto``)."""
+    from ray.tune.execution.experiment_state import _ExperimentCheckpointManager
+
+    return float(_ExperimentCheckpointManager(storage=None, checkpoint_period="auto")._checkpoint_period)
+
+
+def _stated_values() -> list[tuple[str, str, float]]:
+    """(page, pattern whose one group is a number the page states, the code's number)."""
+    import inspect
+
+    from ponder import cli as ponder_cli
+    from study.records.parquet import SCHEMA_VERSION
+    from study.reports.importance import MIN_TRIALS
+    from study.reports.live import DEFAULT_INTERVAL_S
+    from study.run.lease import LEASE_TTL_S
+    from study.spec.spec import MAX_NAME_LENGTH
+    from study.storage.filesystems import check_reachable
+
+    reach_s = inspect.signature(check_reachable).parameters["timeout_s"].default
+    return [
+        ("README.md", r"fANOVA importance of each searched field, once (\d+)", MIN_TRIALS),
+        ("docs/specs.md", r"once Optuna holds (\d+) trials complete", MIN_TRIALS),
+        ("docs/specs.md", r"importance: needs (\d+) ended trials", MIN_TRIALS),
+        ("README.md", r"redrawn every (\d+) s", DEFAULT_INTERVAL_S),
+        ("docs/specs.md", r"redrawn every (\d+) s", DEFAULT_INTERVAL_S),
+        ("docs/specs.md", r"read every (\d+) s \(or S\)", DEFAULT_INTERVAL_S),
+        ("docs/specs.md", r"longer than (\d+) characters", MAX_NAME_LENGTH),
+        ("docs/specs.md", r"does not\s+answer within (\d+) s", reach_s),
+        ("docs/resume.md", r"renewed every (\d+) s", LEASE_TTL_S / 3),
+        ("docs/resume.md", r"(?:not been renewed for|waits at most|went\s+those) (\d+) s", LEASE_TTL_S),
+        ("docs/resume.md", r"written in place every (\d+) s or more", _tune_save_period_s()),
+        ("docs/parquet.md", r"schema version (\d+)", SCHEMA_VERSION),
+        ("docs/parquet.md", r"`schema_version` \((\d+)\)", SCHEMA_VERSION),
+        ("docs/parquet.md", r"\| `schema_version` \| (\d+) ", SCHEMA_VERSION),
+        ("docs/ponder.md", r"prints one line on stderr and exits with code (\d+)", ponder_cli.EXIT_USAGE),
+    ]
+
+
+def test_numbers_the_docs_state_are_the_codes() -> None:
+    """A default or a limit a page states in prose (the generated tables aside) is the code's:
+    change one and this names the page to change with it."""
+    wrong = []
+    for page, pattern, value in _stated_values():
+        found = re.findall(pattern, (REPO / page).read_text())
+        assert found, f"{page} no longer states /{pattern}/: say it again or drop it from this test"
+        wrong += [f"{page}: /{pattern}/ says {n}, the code {value:g}" for n in found if float(n) != value]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_parity_defaults_ponder_md_states_are_parity_configs() -> None:
+    from ponder.config import ParityConfig
+
+    text = (REPO / "docs" / "ponder.md").read_text()
+    stated = re.search(r"\(`ParityConfig`, defaults ([^)]*)\)", text)
+    assert stated, "docs/ponder.md no longer lists ParityConfig's defaults"
+    names = {"hidden": "n_hidden", "batch": "batch_size"}
+    config = ParityConfig()
+    for pair in " ".join(stated.group(1).split()).split(", "):
+        name, value = pair.rsplit(" ", 1)
+        assert float(value) == getattr(config, names.get(name, name)), pair

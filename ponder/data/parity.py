@@ -96,7 +96,7 @@ def parity_eval_sets(
     """Fixed, seeded evaluation sets, the same at every call for the same arguments.
 
     - ``test``: the training range.
-    - ``easy``: the lowest quarter of the training range (1-4 non-zero of 1-15, as the seeds).
+    - ``easy``: the lowest quarter of the training range (1-4 non-zero of 1-15, as the reference code).
     - ``hard``: the highest third (11-15 of 1-15).
     - ``extrapolation``: more non-zero elements than training ever saw (26-30 when trained on
       at most 25 of 30); present only when the training range stops short of ``n_elems``.

@@ -1,4 +1,5 @@
-"""The MNIST task: classify a digit with a CNN + MLP step, upright and rotated (the seeds' article).
+"""The MNIST task: classify a digit with a CNN + MLP step, upright and rotated (the reference
+MNIST article).
 
 Evaluation sets: ``test`` (a fixed slice of the test split at the training angle) and
 ``rot<angle>`` for each of ``eval_rotations``.

@@ -18,6 +18,7 @@ from study.storage.commands import PROG
 from study.storage.hints import DEFAULT_STORAGE
 
 __all__ = [
+    "EXIT_CODES",
     "EXIT_ERROR",
     "EXIT_INTERRUPTED",
     "EXIT_OUTPUT_CLOSED",
@@ -44,6 +45,19 @@ EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
 EXIT_OUTPUT_CLOSED = 141
 """128 + SIGPIPE: what a shell reports for ``cat file | head`` once ``head`` has exited."""
+EXIT_CODES = {
+    0: "done (`status --watch` left with Ctrl-C too)",
+    EXIT_ERROR: "an error (a full disk, a storage outage, a bug: one line naming it, a study's traceback "
+    "kept in `studies/<name>/logs/`), or a study that ended with errored trials, which `resume` retries",
+    EXIT_USAGE: "bad input, refused before Ray starts (an unknown spec key, a range outside the config's, "
+    "an existing name for `run`, a storage that cannot be reached, a study another driver holds): one line "
+    "on stderr naming the key and the fix; nothing on disk changed",
+    EXIT_INTERRUPTED: "stopped by Ctrl-C, `kill` (SIGTERM) or a closed terminal (SIGHUP), at any moment; "
+    "the last line is the command that continues (the same command for a verb that only reads)",
+    EXIT_OUTPUT_CLOSED: "the output's reader went (`| head` that has its lines, a pager that quit): `run` "
+    "and `resume` stop resumable and say so on stderr; the other verbs end in silence, as `cat` does",
+}
+"""Every exit code of ``ponder-study`` and what it means (the CLI reference is generated from it)."""
 STORAGE_ENV = "PONDER_STUDY_STORAGE"
 
 
@@ -195,6 +209,7 @@ def add_storage(parser: argparse.ArgumentParser, from_spec: bool = False) -> Non
     parser.add_argument(
         "--storage",
         default=None,
+        metavar="URI",
         help="where studies live: a local directory, or for a multi-node cluster shared storage: "
         "s3://bucket/prefix, gs://..., or file:///mnt/nfs/... for a filesystem every node mounts; "
         f"~ and $VARS are expanded (default: ${STORAGE_ENV}, else {fallback})",

@@ -202,7 +202,9 @@ class Run(Driver):
             "spec", help=f"a shipped spec ({', '.join(list_specs())}) or a path to a .toml file"
         )
         parser.add_argument("--name", help="the study's name (default: the spec's name); must be new")
-        parser.add_argument("--num-samples", type=int, help="number of trials (default: the spec's)")
+        parser.add_argument(
+            "--num-samples", type=int, metavar="N", help="number of trials (default: the spec's)"
+        )
         add_storage(parser, from_spec=True)
         add_address(parser)
         parser.add_argument("--quiet", action="store_true", help="no progress table, just the summary")

@@ -40,6 +40,7 @@ class Submit(Command):
         parser.add_argument(
             "--python",
             default=sys.executable,
+            metavar="PATH",
             help="the Python on the head that has ponder-study installed (default: this one, %(default)s)",
         )
         parser.add_argument(

@@ -155,7 +155,9 @@ class Report(StudyReader):
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         _add_name(parser)
         add_storage(parser)
-        parser.add_argument("--out", help="the report's directory (default: <storage>/reports/<name>)")
+        parser.add_argument(
+            "--out", metavar="DIR", help="the report's directory (default: <storage>/reports/<name>)"
+        )
 
     def read(self, args: argparse.Namespace, storage: str) -> int:
         from study.reports.report import ReportError, write_report
@@ -186,13 +188,16 @@ class Evaluate(StudyReader):
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         _add_name(parser)
-        parser.add_argument("--trial", help="a trial id (default: the study's best trial)")
-        parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default: cpu)")
+        parser.add_argument("--trial", metavar="ID", help="a trial id (default: the study's best trial)")
+        parser.add_argument(
+            "--device", default="cpu", metavar="DEVICE", help="cpu, cuda or cuda:N (default: cpu)"
+        )
         parser.add_argument(
             "--repeats",
             type=int,
-            default=3,
-            help="time each pass this many times, keep the best (default: 3)",
+            default=5,
+            metavar="N",
+            help="time each pass this many times; the median and the range are printed (default: 5)",
         )
         add_storage(parser)
 

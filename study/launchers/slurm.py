@@ -89,6 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--storage",
         default=None,
+        metavar="URI",
         help="where the study lives, reached from every node: a folder they all mount, as "
         "file://$HOME/ponder-results (a plain path will do for one node), or s3://bucket/prefix "
         "(default: $PONDER_STUDY_STORAGE)",
@@ -125,7 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="one more #SBATCH option, written --sbatch=--mem=32G (repeat for more)",
     )
     p.add_argument("--name", help="the study's name (default: the spec's name)")
-    p.add_argument("--num-samples", type=int, help="number of trials (default: the spec's)")
+    p.add_argument("--num-samples", type=int, metavar="N", help="number of trials (default: the spec's)")
     p.add_argument(
         "--out", help="the folder for the script, the spec's copy and the job's output (default: slurm/NAME)"
     )

@@ -8,7 +8,7 @@ torn last line left out. One result per objective.
   trial ASHA stopped, at the value it stopped on (the value TPE learned from). Diverged, errored
   and running trials have no value.
 - Why fANOVA: on small studies it finds a real effect where PED-ANOVA does not
-  (``bench/importance_trials.py``: the one field that moves the objective ranked first in 29 of
+  (``docs/evidence/importance_trials.py``: the one field that moves the objective ranked first in 29 of
   30 studies of 6 trials, against 16 of 30), hence `MIN_TRIALS`. Its random forest is seeded
   (`SEED`), so the same journal reads the same; it grows slow past about a thousand trials.
 """

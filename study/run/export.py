@@ -228,7 +228,7 @@ class LiveParquet:
         self.paths, self.spec = paths, spec
         self.exported: dict[str, list[dict[str, Any]]] | None = None
         self.front: dict[str, dict[str, Any]] = {}  # trial id -> its row, for the trials on it
-        self.rows: dict[str, pa.Table] = {}  # trial id -> the trials row written this session
+        self.rows: dict[str, pa.Table] = {}  # trial id -> the trials row this driver wrote
 
     def _load(self) -> None:
         self.exported = _exported_history(self.paths)

@@ -414,7 +414,7 @@ OUTCOME_ATTR = "outcome"
 ``early_stopped`` (ASHA stopped it: its value is the one at ``iteration``, below the budget) or
 ``diverged``. Optuna's state cannot say it: an ASHA stop is COMPLETE, as Ray's OptunaSearch
 tells it, so that TPE models it with its last value; as PRUNED, TPE found worse configurations in
-a synthetic study (bench/stopped_as_pruned.py: median best 0.9064 against 0.9146 at 16 trials,
+a synthetic study (docs/evidence/stopped_as_pruned.py: median best 0.9064 against 0.9146 at 16 trials,
 0.9755 against 0.9771 at 40, the same at 100)."""
 
 STEP = "iteration"

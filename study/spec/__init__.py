@@ -1,7 +1,9 @@
 """The study spec: one TOML file per named study, checked in full before Ray starts.
 
-- `study.spec.spec`: `StudySpec`, `load_spec`, `parse_spec`, `SpecError`, the shipped specs
-  (``specs/*.toml``, `SPECS_DIR`, `list_specs`);
+- `study.spec.spec`: `StudySpec`, `load_spec`, `parse_spec`, `SpecError`;
+- `study.spec.shipped`: the shipped specs (``specs/*.toml``, `SPECS_DIR`, `list_specs`) and their
+  former names (`SPEC_ALIASES`);
+- `study.spec.reference`: every spec key as the Markdown table of docs/specs.md;
 - `study.spec.models`: the document's typed models (pydantic) and its JSON Schema;
 - `study.spec.toml`: a parsed spec written back as TOML text (overrides kept in its source);
 - `study.spec.check`: ``ponder-study check``, what running a spec would cost (not imported here:
@@ -19,6 +21,7 @@ if TYPE_CHECKING:
     from study.spec.spec import (
         NAME_PATTERN,
         SAMPLERS,
+        SPEC_ALIASES,
         SPECS_DIR,
         Dimension,
         ResourcesSpec,
@@ -40,6 +43,7 @@ __all__ = [
     "NAME_PATTERN",
     "SAMPLERS",
     "SPECS_DIR",
+    "SPEC_ALIASES",
     "Dimension",
     "ResourcesSpec",
     "RunSpec",

@@ -48,6 +48,7 @@ from study.storage.storage import StorageError, expand_storage
 __all__ = [
     "NOT_SEARCHABLE",
     "SAMPLERS",
+    "SAMPLER_NEEDS",
     "Range",
     "ResourcesSpec",
     "RunSpec",
@@ -60,12 +61,15 @@ __all__ = [
     "json_schema",
     "schema_text",
     "show",
+    "spec_model",
     "toml_key",
 ]
 
 SAMPLERS = ("tpe", "random", "qmc", "gp", "cmaes", "grid")
 """Optuna samplers a spec may name."""
 Sampler = Literal["tpe", "random", "qmc", "gp", "cmaes", "grid"]
+SAMPLER_NEEDS = {"qmc": "scipy", "gp": "scipy", "cmaes": "cmaes"}
+"""The package a sampler needs that the project does not install (Optuna imports it on use)."""
 Mode = Literal["max", "min"]
 
 NOT_SEARCHABLE = {
@@ -123,7 +127,7 @@ class SearchSpec(_Table):
     @field_validator("sampler")
     @classmethod
     def _installed(cls, sampler: str) -> str:
-        needs = {"cmaes": "cmaes", "qmc": "scipy", "gp": "scipy"}.get(sampler)
+        needs = SAMPLER_NEEDS.get(sampler)
         if needs and importlib.util.find_spec(needs) is None:
             raise _At(
                 (),
@@ -141,11 +145,13 @@ class SchedulerSpec(_Table):
     mode: Mode = "max"
     """whether a higher (max) or lower (min) metric is better"""
     grace_period: int = Field(None, ge=1)  # type: ignore[assignment]  # None until parse_spec sets it
-    """training iterations before ASHA may stop a trial; default: a quarter of the budget"""
+    """training iterations before ASHA may stop a trial; default: a quarter of config.iterations,
+    rounded down to a multiple of config.eval_interval (at least one eval_interval)"""
     reduction_factor: float = Field(3.0, gt=1)
     """3 keeps a third of the trials at each rung"""
     brackets: int = Field(1, ge=1)
-    """ASHA's brackets"""
+    """ASHA's brackets: with k > 1 each trial is put in one of k, whose first rung is grace_period
+    times reduction_factor to the power 0 .. k-1 (HyperBand's hedge against a too-short grace)"""
 
 
 RAY_SMALLEST_SHARE = 0.0001
@@ -302,11 +308,11 @@ class _Config(_Table):
 
 
 class _Spec(_Table):
-    """What every task's spec holds; `_task_model` adds ``task``, ``[config]`` and ``[space]``."""
+    """What every task's spec holds; `spec_model` adds ``task``, ``[config]`` and ``[space]``."""
 
     description: str = Field("", pattern=r"^[^\n]*$")
     """a one-line summary, shown by `ponder-study list`"""
-    task: str  # each task's model narrows these three (`_task_model`)
+    task: str  # each task's model narrows these three (`spec_model`)
     config: Any = None
     space: Any
     search: SearchSpec = SearchSpec()
@@ -330,7 +336,8 @@ def field_types(task: str) -> dict[str, Any]:
     }
 
 
-def _task_model(task: str) -> type[_Spec]:
+@functools.cache
+def spec_model(task: str) -> type[_Spec]:
     """The spec of one task: its ``[config]`` and ``[space]`` hold that task's config fields."""
     cls = CONFIGS[task]
     kinds = field_types(task)
@@ -383,7 +390,7 @@ def document() -> TypeAdapter[_Spec]:
     a module's file (an import's) costing a scan of ``sys.modules``. Built at import, under the
     frames of Ray's and this project's imports, that was 0.6 s of CPU at the start of every Ray
     worker that runs trials (profiled), and a trial never parses a spec."""
-    models = tuple(_task_model(task) for task in CONFIGS)
+    models = tuple(spec_model(task) for task in CONFIGS)
     any_task: Any = Annotated[Union[models], Field(discriminator="task")]  # noqa: UP007
     return TypeAdapter(any_task)
 

@@ -99,12 +99,14 @@ from study.spec.models import (
     schema_text,
     toml_key,
 )
+from study.spec.shipped import SPEC_ALIASES, SPECS_DIR, list_specs
 from study.spec.toml import rewritten_source, to_toml, toml_value
 
 __all__ = [
     "NAME_PATTERN",
     "SAMPLERS",
     "SPECS_DIR",
+    "SPEC_ALIASES",
     "Dimension",
     "ResourcesSpec",
     "RunSpec",
@@ -120,10 +122,6 @@ __all__ = [
     "schema_text",
     "to_toml",
 ]
-
-SPECS_DIR = Path(__file__).parent / "specs"
-"""Where the shipped specs live, one ``<name>.toml`` each, beside ``spec.schema.json``."""
-
 
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 """A study name: it becomes a directory name and a Parquet partition value (``study=<name>``)."""
@@ -315,15 +313,12 @@ class StudySpec:
 # -- loading ------------------------------------------------------------------------------------
 
 
-def list_specs() -> list[str]:
-    """Names of the shipped specs, sorted."""
-    return sorted(p.stem for p in SPECS_DIR.glob("*.toml"))
-
-
 def load_spec(name_or_path: str) -> StudySpec:
-    """A shipped spec by name (``parity``) or a spec file by path (``my/study.toml``)."""
+    """A shipped spec by name (``parity``, or a former name in `SPEC_ALIASES`) or a spec file by
+    path (``my/study.toml``)."""
     is_path = name_or_path.endswith(".toml") or "/" in name_or_path or "\\" in name_or_path
-    path = Path(name_or_path) if is_path else SPECS_DIR / f"{name_or_path}.toml"
+    shipped_name = SPEC_ALIASES.get(name_or_path, name_or_path)
+    path = Path(name_or_path) if is_path else SPECS_DIR / f"{shipped_name}.toml"
     if not path.is_file():
         shipped = list_specs()
         close = difflib.get_close_matches(name_or_path, shipped, n=1)
@@ -334,7 +329,7 @@ def load_spec(name_or_path: str) -> StudySpec:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         _fail("spec", f"cannot read {str(path)!r}: {exc}")
-    return parse_spec(text, path.stem, origin=str(path))
+    return parse_spec(text, path.stem if is_path else name_or_path, origin=str(path))
 
 
 def parse_spec(text: str, name: str, *, origin: str | None = None) -> StudySpec:

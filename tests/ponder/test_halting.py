@@ -20,7 +20,7 @@ from ponder.halting import (
 
 
 def product_formula(lambda_logits: torch.Tensor) -> torch.Tensor:
-    """p_n = lambda_n prod_{j<n} (1 - lambda_j), lambda_N = 1: the seeds' way, step by step."""
+    """p_n = lambda_n prod_{j<n} (1 - lambda_j), lambda_N = 1: the reference code's way, step by step."""
     lam = torch.sigmoid(lambda_logits)
     lam[-1] = 1.0
     p, not_halted = [], torch.ones_like(lam[0])
@@ -74,7 +74,7 @@ def test_proper_prior_tails_sum_to_one(tail: str, lambda_p: float) -> None:
     assert prior.sum().item() == pytest.approx(1.0, abs=1e-6)
 
 
-def test_truncated_prior_is_the_seeds_and_loses_its_tail() -> None:
+def test_truncated_prior_is_the_references_and_loses_its_tail() -> None:
     prior = log_geometric_prior(0.2, 20, "truncate").exp()
     assert prior.sum().item() == pytest.approx(1 - 0.8**20, abs=1e-6)  # 0.988, as NOTES.md says
     assert prior[0].item() == pytest.approx(0.2) and prior[1].item() == pytest.approx(0.16)

@@ -24,8 +24,6 @@ from study.reports.evaluate import (
 from study.storage.storage import StudyPaths, read_bytes, read_table, write_bytes, write_parquet
 from tests.study.conftest import S3, trials
 
-pytestmark = pytest.mark.slow
-
 NAME = "parity-smoke"
 Smoke = tuple[Path, subprocess.CompletedProcess[str]]
 
@@ -58,6 +56,7 @@ def _check_against_parquet(e: Evaluation, row: pd.Series) -> None:
         assert s.recorded_halted_accuracy == pytest.approx(r)
         # training's own path on the loaded weights gives the recorded number back (to a sample)
         assert abs(s.full_unroll_accuracy - r) <= 1 / n + 1e-6, (s, r)
+        assert len(s.early_exit_times) == len(s.full_unroll_times) == e.repeats
         assert s.early_exit_s > 0 and s.full_unroll_s > 0
         assert s.speedup == pytest.approx(s.full_unroll_s / s.early_exit_s)
 
@@ -93,14 +92,14 @@ def test_the_table_shows_each_set_against_the_full_unroll(best: Evaluation) -> N
         line = next(line for line in lines if line.startswith(f"{s.name} "))
         assert f"{s.halted_accuracy:.3f}" in line and f"{s.recorded_halted_accuracy:.3f}" in line
         assert f"of {best.max_steps}" in line
-        if s.step_calls_per_batch < best.max_steps:
-            assert line.endswith(f"{s.speedup:.2f}x")
-        else:  # every step call made: the time ratio is no speedup, and the text says why
-            assert line.endswith("none") and f"{s.name}: halting saved no step" in text
+        assert line.endswith(f"{s.speedup:.2f}x" if s.times_differ else " -")
+        saved = s.step_calls_per_batch < best.max_steps
+        assert (f"{s.name}: halting saved no step call" in text) is not saved
 
 
-def _evaluation(calls: int, early_exit_s: float, full_unroll_s: float) -> Evaluation:
-    """An evaluation of one set of 200 samples, ``calls`` step calls on the batch of max_steps 6."""
+def _evaluation(calls: int, early: tuple[float, ...], full: tuple[float, ...]) -> Evaluation:
+    """An evaluation of one set of 200 samples, ``calls`` step calls on the batch of max_steps 6,
+    each pass timed ``len(early)`` times."""
     s = SetEvaluation(
         name="test",
         n=200,
@@ -108,25 +107,45 @@ def _evaluation(calls: int, early_exit_s: float, full_unroll_s: float) -> Evalua
         mean_halting_step=1.94,
         step_calls_per_sample=1.94,
         step_calls_per_batch=calls,
-        early_exit_s=early_exit_s,
+        early_exit_times=early,
         full_unroll_accuracy=0.605,
-        full_unroll_s=full_unroll_s,
+        full_unroll_times=full,
         recorded_halted_accuracy=0.605,
     )
-    return Evaluation(NAME, "t0", "completed", "/ckpt", 60, 0.5, 0.01, 6, "cpu", 3, None, [s])
+    return Evaluation(NAME, "t0", "completed", "/ckpt", 60, 0.5, 0.01, 6, "cpu", len(early), None, [s])
 
 
-def test_a_time_ratio_without_a_saved_step_is_not_called_a_speedup() -> None:
-    # the smoke study's case: 6 step calls of 6, early exit slower (0.58x): no step saved, no speedup
-    text = format_evaluation(_evaluation(6, 0.002, 0.00116))
-    row = next(line for line in text.splitlines() if line.startswith("test "))
-    assert row.split()[-1] == "none" and "0.58x" not in text
-    assert "test: halting saved no step: some sample was still pondering at step 6 (max_steps)" in text
-    assert "called the step function 6 times" in text and "took 1.72x the full unroll's time" in text
-    # fewer step calls than max_steps: halting saved steps, and the ratio is a speedup
-    text = format_evaluation(_evaluation(4, 0.001, 0.002))
-    row = next(line for line in text.splitlines() if line.startswith("test "))
-    assert row.split()[-1] == "2.00x" and "saved no step" not in text
+def _row_of(text: str) -> str:
+    return next(line for line in text.splitlines() if line.startswith("test "))
+
+
+CAUSES = ("because", "only from", "cost time", "fewer samples")
+"""Words of a cause: the figures show the step calls made, not why a pass took its time."""
+
+
+def test_a_ratio_inside_the_timings_spread_is_neither_printed_nor_explained() -> None:
+    # a loaded machine: one full unroll took 44.5 ms and the next 0.66 ms, around early exit's
+    text = format_evaluation(_evaluation(6, (0.0011, 0.0012, 0.0010), (0.0445, 0.00066, 0.0009)))
+    row = _row_of(text)
+    assert row.endswith(" -") and "x" not in row.split()[-1]
+    assert "900 us (660 us-44.50 ms)" in row and "1.10 ms (1.00-1.20)" in row  # median (range)
+    assert "test: halting saved no step call: some sample pondered to step 6 (max_steps)" in text
+    assert not any(cause in text for cause in CAUSES), text
+
+
+def test_a_ratio_outside_the_spread_is_printed_with_no_cause() -> None:
+    # every early-exit timing above every full unroll's, no step saved: the ratio, and no "why"
+    text = format_evaluation(_evaluation(6, (0.0020, 0.0021, 0.0022), (0.0011, 0.0012, 0.0013)))
+    assert _row_of(text).endswith(" 0.57x") and "saved no step call" in text
+    assert not any(cause in text for cause in CAUSES), text
+    # fewer step calls than max_steps and apart: the ratio, and no note
+    text = format_evaluation(_evaluation(4, (0.0010, 0.0011, 0.0012), (0.0020, 0.0021, 0.0022)))
+    assert _row_of(text).endswith(" 1.91x") and "saved no step" not in text
+
+
+def test_one_timing_a_pass_says_so_and_shows_no_range() -> None:
+    text = format_evaluation(_evaluation(4, (0.001,), (0.002,)))
+    assert "the median (range) of 1 run each" in text and "(" not in _row_of(text)
 
 
 def _one_line(exc: pytest.ExceptionInfo[EvaluateError]) -> str:

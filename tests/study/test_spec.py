@@ -12,6 +12,7 @@ import pytest
 
 from ponder.config import CONFIGS, MnistConfig, ParityConfig
 from study.spec.spec import (
+    SPEC_ALIASES,
     SPECS_DIR,
     Dimension,
     SpecError,
@@ -30,8 +31,8 @@ SHIPPED = [
     "parity-pareto",
     "parity-smoke",
     "ponder-difficulty-paper",
-    "ponder-difficulty-seeds",
-    "ponder-extrapolation-seeds",
+    "ponder-difficulty-reference",
+    "ponder-extrapolation",
     "ponder-honest-confirm-forward",
     "ponder-honest-confirm-reverse",
     "ponder-honest-search",
@@ -520,6 +521,16 @@ def test_an_unknown_name_lists_the_shipped_specs() -> None:
     assert message.startswith("spec: ") and "did you mean 'parity-smoke'" in message
     for name in SHIPPED:
         assert name in message
+
+
+@pytest.mark.parametrize(("old", "new"), sorted(SPEC_ALIASES.items()))
+def test_a_former_spec_name_loads_the_renamed_spec_and_names_the_study_by_it(old: str, new: str) -> None:
+    """A renamed shipped spec keeps its old name working: the same spec, and a study named as
+    before, so that the ``status`` and ``resume`` of a study started by the old name find it."""
+    assert new in SHIPPED and old not in list_specs()
+    spec, renamed = load_spec(old), load_spec(new)
+    assert spec.name == old and renamed.name == new
+    assert spec.source == renamed.source and spec.with_overrides(name=new) == renamed
 
 
 def test_a_missing_path_is_named(tmp_path: Path) -> None:

@@ -88,7 +88,7 @@ def test_eval_sets_are_fixed_and_cover_their_ranges() -> None:
     sets = parity_eval_sets(15, (1, 15), n_samples=500, seed=0)
     again = parity_eval_sets(15, (1, 15), n_samples=500, seed=0)
     assert list(sets) == ["test", "easy", "hard"]  # no extrapolation when training saw all counts
-    assert sets["easy"].n_nonzero == (1, 4) and sets["hard"].n_nonzero == (11, 15)  # as the seeds
+    assert sets["easy"].n_nonzero == (1, 4) and sets["hard"].n_nonzero == (11, 15)  # as the reference code
     for name, s in sets.items():
         assert torch.equal(s.x, again[name].x) and torch.equal(s.y, again[name].y)
         counts = (s.x != 0).sum(dim=1)

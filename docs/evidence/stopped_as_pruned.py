@@ -11,7 +11,7 @@ where f peaks at lambda_p ~ 0.2, beta ~ 1e-2, max_steps ~ 12 and tau grows with 
 (slower learners look worse early: the case where a lower-budget value misleads). A guess at
 the shape of real learning curves, not a measurement of them.
 
-    .venv/bin/python bench/stopped_as_pruned.py [--seeds 30] [--trials 40]
+    .venv/bin/python docs/evidence/stopped_as_pruned.py [--seeds 30] [--trials 40]
 """
 
 from __future__ import annotations

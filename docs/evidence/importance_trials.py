@@ -8,7 +8,7 @@ its defaults), ``--studies`` studies are drawn with different seeds and the scri
 often lambda_p comes first and the time per evaluation. `study.reports.importance.MIN_TRIALS` and the
 choice of fANOVA rest on it; the figures are for this one strong effect, a guess for others.
 
-    python bench/importance_trials.py [--studies 30] [--sizes 3 4 6 8 12 16 24]
+    python docs/evidence/importance_trials.py [--studies 30] [--sizes 3 4 6 8 12 16 24]
 """
 
 from __future__ import annotations

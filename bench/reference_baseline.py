@@ -1,4 +1,4 @@
-"""The seeds' formulation of PonderNet parity training, kept only as a benchmark baseline.
+"""The reference formulation of PonderNet parity training, kept only as a benchmark baseline.
 
 Written after the reference implementations (sources in docs/RESULTS.md): labml.ai's annotated
 PonderNet (https://nn.labml.ai/adaptive_computation/ponder_net/index.html) and the parity code
@@ -9,6 +9,9 @@ time by a Dataset and collated by a DataLoader, the halting distribution as a ru
 of probabilities, a Bernoulli halting draw inside the training unroll, a Python loop over steps
 in the reconstruction loss, and ``KLDivLoss(p.log(), p_g)`` against a truncated geometric
 prior. Do not use it for anything else.
+
+A library, not a benchmark: `bench/iteration_speed.py` and `bench/time_to_accuracy.py` import
+`ReferenceTrainer` as their baseline; it runs nothing by itself.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from torch.utils.data import DataLoader, Dataset
 
 
 class ParityDataset(Dataset[tuple[torch.Tensor, torch.Tensor]]):
-    """One sample per ``__getitem__``, drawn afresh: the seeds' data path."""
+    """One sample per ``__getitem__``, drawn afresh: the reference data path."""
 
     def __init__(self, n_samples: int, n_elems: int) -> None:
         self.n_samples, self.n_elems = n_samples, n_elems
@@ -95,8 +98,8 @@ class RegularizationLoss(nn.Module):
         return self.kl_div(p.log(), p_g)  # KL(p_g || p), and log(0) = -inf when p underflows
 
 
-class SeedsTrainer:
-    """One training iteration per `step`, as the seeds' training script does it."""
+class ReferenceTrainer:
+    """One training iteration per `step`, as the reference training script does it."""
 
     def __init__(
         self,
