@@ -202,8 +202,9 @@ class FusedTrainer:
         if trainer.outcome != "running":
             raise ValueError(f"the run is {trainer.outcome} already: nothing to train")
         slot = self.free_slots[0]
-        if not self._members:
+        if not self._members:  # a new group: its key, shapes and data stream are this member's
             self._key = key
+            self._base = None
             self._allocate(ParamLayout.of(trainer.model))
             if self._compile is None:  # the group's members say (a new group may say otherwise)
                 self._use_compiled(should_compile(config.compile, self.device))
