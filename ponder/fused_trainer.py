@@ -317,7 +317,7 @@ class FusedTrainer:
             self._nan_events.index_add_(0, index, (live & ~ok).long())
             self._iterations.index_add_(0, index, live.long())
         adam.step(weights.data, grad, update, self._lrs)
-        self._last = (plan.slots, plan.mask & live, values, ok)
+        self._last = (plan.slots, live, values, ok)
         share = (time.perf_counter() - start) / len(members)  # each member's part of the wall time
         for member in members:  # the host's count; `_settle` puts a diverged member's right
             member.trainer.iteration += 1
@@ -357,7 +357,11 @@ class FusedTrainer:
         trained = self.train_step()
         if not any(_report_may_fall_due(self._members[s].trainer) for s in trained):
             return due
+        start = time.perf_counter()
         self._settle(self.slots)  # one read: every member's iteration and NaN count
+        waited = (time.perf_counter() - start) / len(trained)  # the device's queue caught up: their time
+        for slot in trained:
+            self._members[slot].trainer.train_time_s += waited
         for slot in trained:
             trainer = self._members[slot].trainer
             cfg = trainer.config
