@@ -48,6 +48,11 @@ larger group costs about what 16 do there (`bench/fused_speed.py`: K = 8 and 16 
 GPU it times the whole group."""
 
 
+MEMORY_MEMBERS = 4
+"""A fused group's memory is measured on this many members (a member's share is the same at any
+K: its rows of every tensor)."""
+
+
 def check_spec(spec_arg: str, storage: str | None = None, *, estimate: bool = True) -> str:
     """The report ``ponder-study check SPEC`` prints; raises `SpecError` for a bad spec."""
     spec = load_spec(spec_arg).with_overrides(storage=storage)
@@ -195,7 +200,7 @@ def _wall_time(spec: StudySpec, fit: int, least: int) -> list[str]:
     except Exception as exc:  # the estimate is a courtesy: a task it cannot build here is no spec error
         return [f"wall time: no estimate ({type(exc).__name__}: {' '.join(str(exc).split())[:200]})"]
     evaluations = math.ceil(iters / spec.eval_interval) * n
-    at_once = max(fit, 1) // members  # trials, or fused groups: what trains side by side
+    at_once = max(max(fit, 1) // members, 1)  # trials, or fused groups: what trains side by side
 
     def wall(trial_iterations: int) -> float:
         return wall_seconds(e, trial_iterations, evaluations * trial_iterations / full, at_once)
@@ -221,8 +226,8 @@ def _wall_time(spec: StudySpec, fit: int, least: int) -> list[str]:
         gpu = f"; an 80 GB GPU holds about {int(0.9 * 80e9 / per):,} members" if spec.resources.gpu else ""
         lines.append(
             f"memory: a fused group needs about {_size(per)} a member on its device at an iteration's "
-            f"peak (its tensors, measured here on a group of {e.members}): {_size(fuse * per)} for a "
-            f"group of {fuse}{gpu}"
+            f"peak (its tensors at max_steps {spec.longest_max_steps}, measured here): "
+            f"{_size(fuse * per)} for a group of {fuse}{gpu}"
         )
     if spec.resources.gpu > 0 and e.device == "cpu":
         lines.append("  the trials ask for GPUs and none is here: on a GPU they run at another speed")
@@ -231,8 +236,9 @@ def _wall_time(spec: StudySpec, fit: int, least: int) -> list[str]:
 
 def group_members(spec: StudySpec, fit: int) -> int:
     """Trials a fused group of ``spec`` trains at once on this machine (``fit`` trials at once in
-    all): ``fuse``, or fewer where fewer trials run at once; 1 without fusion."""
-    return max(1, min(spec.resources.fuse, fit, spec.search.max_concurrent))
+    all): ``fuse``, or fewer where fewer trials run at once; where none fits here (a cluster runs
+    it, ``fit`` 0), what a group there holds; 1 without fusion."""
+    return max(1, min(spec.resources.fuse, fit or spec.resources.fuse, spec.search.max_concurrent))
 
 
 def wall_seconds(e: Estimate, trial_iterations: float, evaluations: float, side_by_side: int) -> float:
@@ -282,7 +288,7 @@ class Estimate:
     """Members of the fused group timed (1: a plain `Trainer`)."""
     bytes_per_member: float = 0.0
     """Fused: the device memory a member needs at an iteration's peak (the group's tensors: its
-    share of the stacked weights, Adam, data and activations; measured on the group timed)."""
+    share of the stacked weights, Adam, data and activations), at the longest max_steps."""
 
 
 def measure(spec: StudySpec, budget_s: float = ESTIMATE_BUDGET_S, members: int = 1) -> Estimate:
@@ -310,15 +316,17 @@ def measure(spec: StudySpec, budget_s: float = ESTIMATE_BUDGET_S, members: int =
         per_member = 0.0
         if timed > 1:
 
-            def build() -> FusedTrainer:
-                group = FusedTrainer(timed, trainer.device, compile=False)
-                for k in range(timed):
-                    group.join(dataclasses.replace(config, seed=config.seed + k))
-                group.train_step()  # warm-up too: first-call allocations
+            def group_of(size: int, max_steps: int) -> FusedTrainer:
+                group = FusedTrainer(size, trainer.device, compile=False)
+                for k in range(size):
+                    group.join(dataclasses.replace(config, seed=config.seed + k, max_steps=max_steps))
+                group.train_step()  # warm-up: first-call allocations
                 return group
 
-            group, peak = peak_memory(build, trainer.device)
-            step, per_member = group.train_step, peak / timed
+            # memory at the longest max_steps a member may have (a compiled group unrolls it for all)
+            size = min(timed, MEMORY_MEMBERS)
+            _, peak = peak_memory(lambda: group_of(size, spec.longest_max_steps), trainer.device)
+            step, per_member = group_of(timed, config.max_steps).train_step, peak / size
         else:
             step()  # warm-up: first-call allocations
         count, start = 0, time.perf_counter()
