@@ -247,8 +247,6 @@ def test_an_ask_cut_short_by_a_kill_is_finished_and_run_not_failed_beside_a_new_
     assert params is not None and params["lambda_p"] == cut.params["lambda_p"]
     assert {d.name for d in SPEC.space} <= set(params)
     trials = _study(paths).trials
-    assert [t.number for t in trials] == [0, 1] and [t.user_attrs[TUNE_ID_ATTR] for t in trials] == [
-        "t1",
-        "t2",
-    ]
+    assert [t.number for t in trials] == [0, 1]
+    assert [t.user_attrs[TUNE_ID_ATTR] for t in trials] == ["t1", "t2"]
     assert all(t.state == optuna.trial.TrialState.RUNNING for t in trials)
