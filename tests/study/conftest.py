@@ -26,6 +26,12 @@ from study.storage.storage import StudyPaths, read_study_table, read_table
 CLI = [sys.executable, "-m", "study"]
 REPO = Path(__file__).resolve().parents[2]
 
+# Ray runs its workers at niceness 15, so that its own daemons stay responsive. The suite runs on
+# two processes (`make test`): beside a test that trains in its own process at niceness 0, a Ray
+# test's trials, fusers and registry got a few percent of a core and its study timed out. Every
+# Ray instance and driver the tests start reads this, so Ray's workers compete as equals here.
+os.environ.setdefault("RAY_worker_niceness", "0")
+
 
 # -- one Ray instance for the drivers of a test process ------------------------------------------
 # Starting a local Ray instance (GCS, raylet, two agents, prestarted workers) costs a driver about
@@ -175,6 +181,9 @@ class Driver:
     def finish(self, timeout: float = 300) -> int:
         try:
             rc = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired as e:
+            tail = self.log.read_text()[-3000:]
+            raise AssertionError(f"driver still running after {timeout} s:\n{tail}") from e
         finally:
             self._out.close()
         return rc
