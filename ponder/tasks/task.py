@@ -8,7 +8,7 @@ registers them. Torch-free at import.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Generic, TypeAlias, TypeVar
 
 from ponder.config import PonderConfig
@@ -21,8 +21,9 @@ if TYPE_CHECKING:
 
 __all__ = ["Batch", "Task", "TaskDef"]
 
-Batch: TypeAlias = "tuple[torch.Tensor, torch.Tensor]"
-"""A training batch ``(x [B, ...], y [B])``."""
+Batch: TypeAlias = "tuple[torch.Tensor, ...]"
+"""A training batch ``(x [B, ...], y [B])``; a counter-stream batch of a step with noise of its own
+(MNIST's dropout) also carries that noise, ``(x, y, masks [N, B, H])``, for the model's forward."""
 
 C = TypeVar("C", bound=PonderConfig)
 
@@ -39,6 +40,9 @@ class Task:
     """Counter-stream words one batch reads (`ponder.streams`); 0 where the task has no counter stream."""
     stream_batch: Callable[[torch.Tensor], Batch] | None = None
     """A batch from one iteration's stream words ``[1, stream_words]`` (``data_stream = "counter"``)."""
+    stream_data: dict[str, torch.Tensor] = field(default_factory=dict)
+    """What ``stream_batch`` reads besides the words, by name (MNIST: the image pool, its labels, the
+    run's training rows): a fused group reads its members' batches from the same tensors."""
 
 
 @dataclass(frozen=True)
@@ -57,6 +61,9 @@ class TaskDef(Generic[C]):
     canonical_sets: tuple[str, ...]
     """The evaluation sets a study's Parquet has as columns from the start (any other set a
     study reports adds its columns when it appears)."""
+    fused: bool = False
+    """Whether `ponder.fused_trainer.FusedTrainer` trains the task's runs as one model (a spec's
+    ``fuse > 1``): it has a batched step in ``ponder.fused*``."""
 
     @property
     def name(self) -> str:
