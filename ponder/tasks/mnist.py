@@ -89,5 +89,5 @@ TASK: TaskDef[MnistConfig] = TaskDef(
     eval_set_names=eval_set_names,
     chance=0.1,  # one of ten digits
     canonical_sets=("test", *eval_set_names(MnistConfig())),  # the default rotations
-    fused=True,  # ponder.fused_mnist
+    fused_streams=("counter",),  # ponder.fused_mnist: its dropout masks from the stream
 )

@@ -61,9 +61,23 @@ class TaskDef(Generic[C]):
     canonical_sets: tuple[str, ...]
     """The evaluation sets a study's Parquet has as columns from the start (any other set a
     study reports adds its columns when it appears)."""
-    fused: bool = False
-    """Whether `ponder.fused_trainer.FusedTrainer` trains the task's runs as one model (a spec's
-    ``fuse > 1``): it has a batched step in ``ponder.fused*``."""
+    fused_streams: tuple[str, ...] = ()
+    """The data streams on which `ponder.fused_trainer.FusedTrainer` trains the task's runs as one
+    model (a spec's ``fuse > 1``; its batched step is in ``ponder.fused*``); () where it has none.
+    A task whose step draws noise of its own (MNIST's dropout) fuses on the counter stream only."""
+
+    def fuse_refusal(self, *data_streams: str) -> str | None:
+        """Why runs of this task on these data streams cannot train fused, in one line naming the
+        fix; None where they can."""
+        if not self.fused_streams:
+            return f"the {self.name} task has no fused training step; set fuse = 1 for {self.name}"
+        if not set(data_streams) <= set(self.fused_streams):
+            return (
+                f"fused {self.name} draws every member's randomness from its counter stream: set "
+                'data_stream = "counter", or fuse = 1 (a run made before counter streams draws its '
+                "dropout from torch's global generator)"
+            )
+        return None
 
     @property
     def name(self) -> str:
