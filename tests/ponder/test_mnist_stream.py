@@ -56,12 +56,16 @@ def test_a_runs_words_at_a_position_do_not_depend_on_its_max_steps() -> None:
     assert torch.equal(long[:, : short.shape[1]], short)  # the shorter run's words are a prefix
     assert short.shape[1] == batch + 2 * mask_words(batch, hidden)
     t, s = torch.tensor([dropout_threshold(0.5)]), torch.tensor([2.0])
-    assert torch.equal(stream_masks(long, batch, hidden, 6, t, s)[:, :2], stream_masks(short, batch, hidden, 2, t, s))
+    assert torch.equal(
+        stream_masks(long, batch, hidden, 6, t, s)[:, :2], stream_masks(short, batch, hidden, 2, t, s)
+    )
     # the batch reads words 0..B-1 only: its indices do not move when the masks' words change
     moved = long.clone()
     moved[:, batch:] ^= 0xFFFF
     assert torch.equal(stream_indices(moved, batch, 1000), stream_indices(long, batch, 1000))
-    assert not torch.equal(stream_masks(moved, batch, hidden, 6, t, s), stream_masks(long, batch, hidden, 6, t, s))
+    assert not torch.equal(
+        stream_masks(moved, batch, hidden, 6, t, s), stream_masks(long, batch, hidden, 6, t, s)
+    )
 
 
 def test_a_counter_run_draws_its_batch_and_masks_from_its_seed_and_iteration() -> None:
