@@ -233,8 +233,12 @@ def conv_times(k: int, iters: int = 5, rounds: int = 3) -> tuple[float, float]:
         e = vmap(one)(params, buffers, x)  # [K, B, E]
         return list(torch.autograd.grad((e * upstream).sum(), weights))
 
-    for a, b in zip(grouped(), vmapped(), strict=True):  # the same numbers, to rounding
-        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+    with torch.no_grad():  # the same embedding, to rounding
+        torch.testing.assert_close(fused_mnist_embed(grouped_params, x), vmap(one)(params, buffers, x))
+    for a, b in zip(grouped(), vmapped(), strict=True):  # and the same gradients: to rounding, but where
+        # a max-pool window's top two values are within rounding (1 in about 2 million windows here),
+        # the two route its gradient to different inputs, so compare the whole tensor's difference
+        assert float((a - b).norm() / b.norm()) < 1e-2, float((a - b).norm() / b.norm())
     best = {grouped: math.inf, vmapped: math.inf}
     for _ in range(rounds):
         for fn in best:
