@@ -14,8 +14,9 @@ import torch
 from bench import fused_speed
 from ponder.config import MnistConfig
 from ponder.data.mnist import MnistData
-from ponder.fused import fusable_key
-from ponder.fused_trainer import FusedTrainer
+from ponder.fused import FUSED_KEY_FIELDS, fusable_key
+from ponder.fused_trainer import FUSED_TASKS, FusedTrainer
+from ponder.tasks import registered
 from ponder.trainer import Trainer
 from tests.ponder.test_compile import COMPILES, shared_cache  # noqa: F401  (a fixture)
 from tests.ponder.test_fused import _assert_same_losses, _assert_same_metrics, _recording, train_to_end
@@ -151,6 +152,11 @@ def test_what_cannot_join_an_mnist_group_is_refused_in_one_line(data: MnistData)
     assert fusable_key(A) == fusable_key(B) == fusable_key(D)  # what members may differ in
     fused.join(B, data=data)
     assert fused.slots == [0, 1]
+
+
+def test_every_task_that_fuses_has_a_batched_step_and_its_shared_fields() -> None:
+    fusing = {name for name, task in registered().items() if task.fused_streams}
+    assert fusing == set(FUSED_TASKS) == set(FUSED_KEY_FIELDS) == {"parity", "mnist"}
 
 
 def test_an_mnist_iteration_dispatches_the_same_ops_at_any_k_and_reads_nothing_back() -> None:

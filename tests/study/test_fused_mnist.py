@@ -114,6 +114,17 @@ def test_the_rotation_experiment_fused_is_its_trials_run_alone_and_its_report_an
     assert named is not None, index[:3000]
     completed = table[table["status"] == "completed"].set_index("trial_id")["test/halted_accuracy"]
     assert completed[named.group(1)] == completed.max()  # the trials table's best (or one of them)
+    # `evaluate` loads the best member's checkpoint as a plain one: its full unroll's accuracy on
+    # every set is the one the trials Parquet recorded
+    evaluated = cli("evaluate", NAME, "--storage", str(tmp_path), "--repeats", "1", timeout=300)
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    rows = [
+        line.split()
+        for line in evaluated.stdout.splitlines()
+        if line.split()[:1] in (["test"], *[[a] for a in ANGLES])
+    ]
+    assert len(rows) == 1 + len(ANGLES), evaluated.stdout
+    assert all(row[3] == row[4] for row in rows), evaluated.stdout  # recorded, full unroll acc
 
 
 def test_sigkill_of_a_fused_mnist_study_then_resume_goes_on_from_each_members_checkpoint(
