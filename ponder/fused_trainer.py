@@ -209,8 +209,9 @@ class FusedTrainer:
         if self._members and any(a is not b for a, b in zip(shared, self._shared, strict=True)):
             raise ValueError("cannot join this fused group: its training images are not the group's")
         slot = self.free_slots[0]
-        if not self._members:
+        if not self._members:  # a new group: its key, shapes, data and stream are this member's
             self._key, self._shared = key, shared
+            self._base = None
             self._allocate(ParamLayout.of(trainer.model))
             self._counter = config.data_stream == "counter"
             if task is not self._task:
@@ -326,7 +327,7 @@ class FusedTrainer:
             self._nan_events.index_add_(0, index, (live & ~ok).long())
             self._iterations.index_add_(0, index, live.long())
         adam.step(weights.data, grad, update, self._lrs)
-        self._last = (plan.slots, plan.mask & live, values, ok)
+        self._last = (plan.slots, live, values, ok)
         share = (time.perf_counter() - start) / len(members)  # each member's part of the wall time
         for member in members:  # the host's count; `_settle` puts a diverged member's right
             member.trainer.iteration += 1
@@ -366,7 +367,11 @@ class FusedTrainer:
         trained = self.train_step()
         if not any(_report_may_fall_due(self._members[s].trainer) for s in trained):
             return due
+        start = time.perf_counter()
         self._settle(self.slots)  # one read: every member's iteration and NaN count
+        waited = (time.perf_counter() - start) / len(trained)  # the device's queue caught up: their time
+        for slot in trained:
+            self._members[slot].trainer.train_time_s += waited
         for slot in trained:
             trainer = self._members[slot].trainer
             cfg = trainer.config

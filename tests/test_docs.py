@@ -237,12 +237,15 @@ def test_the_bench_index_has_one_row_a_script() -> None:
 
 def _tests_importing(script: str) -> set[str]:
     """The test modules that load ``bench/<script>``: by ``import <stem>`` (bench/ on the path,
-    as in a subprocess's code) or by its file name."""
+    as in a subprocess's code), as ``bench.<stem>``, or by its file name."""
     stem = Path(script).stem
     found = set()
+    imports = (
+        rf"^\s*import (bench\.)?{stem}\b|^\s*from (bench\.)?{stem} import|^\s*from bench import .*\b{stem}\b"
+    )
     for test in (REPO / "tests").rglob("test_*.py"):
         text = test.read_text()
-        if re.search(rf"^\s*import {stem}\b|^\s*from {stem} import|\"{re.escape(script)}\"", text, re.M):
+        if re.search(rf"{imports}|\"{re.escape(script)}\"", text, re.M):
             found.add(str(test.relative_to(REPO)))
     return found
 

@@ -361,11 +361,14 @@ class DivergenceAwareOptunaSearch(OptunaSearch):
         while self._orphans and trial_id not in self._ot_trials and self._ot_study is not None:
             number = self._orphans.pop(0)
             frozen = next(t for t in self._ot_study.get_trials(deepcopy=False) if t.number == number)
-            if isinstance(self._space, dict) and not set(self._space) <= set(frozen.params):
-                # asked, but its parameters were cut with a torn journal: it never ran
-                self._ot_study.tell(number, state=optuna.trial.TrialState.FAIL)
-                continue
-            self._ot_trials[trial_id] = optuna.trial.Trial(self._ot_study, frozen._trial_id)
+            trial = optuna.trial.Trial(self._ot_study, frozen._trial_id)
+            if isinstance(self._space, dict):
+                # a kill inside the ask (each parameter is its own journal write), or a torn journal
+                # cut back, leaves some parameters unset: it never ran, so they are drawn now
+                for name, distribution in self._space.items():
+                    if name not in frozen.params:
+                        _draw(trial, name, distribution)
+            self._ot_trials[trial_id] = trial
         params = super().suggest(trial_id)
         asked = self._ot_trials.get(trial_id)
         if asked is not None:
@@ -420,6 +423,17 @@ a synthetic study (docs/evidence/stopped_as_pruned.py: median best 0.9064 agains
 STEP = "iteration"
 """The step of Optuna's intermediate values and TensorBoard's points: the model's training
 iteration, as the Parquet's ``iteration`` column (not Tune's count of reports)."""
+
+
+def _draw(trial: optuna.trial.Trial, name: str, distribution: Any) -> None:
+    """Suggest parameter ``name`` of ``trial`` from ``distribution`` (one of Optuna's three)."""
+    d = distribution
+    if isinstance(d, optuna.distributions.FloatDistribution):
+        trial.suggest_float(name, d.low, d.high, log=d.log, step=d.step)
+    elif isinstance(d, optuna.distributions.IntDistribution):
+        trial.suggest_int(name, d.low, d.high, log=d.log, step=d.step)
+    else:
+        trial.suggest_categorical(name, d.choices)
 
 
 def _mark_end(asked: optuna.trial.Trial, outcome: str, iteration: int) -> None:

@@ -10,15 +10,18 @@ never imported.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import os
 import shlex
 import shutil
 import subprocess
+import sys
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from ponder.config import compiles_on
 from study.spec.spec import Dimension, StudySpec, load_spec
@@ -29,6 +32,7 @@ __all__ = [
     "Estimate",
     "asha_milestones",
     "check_spec",
+    "fusion_note",
     "group_members",
     "least_trial_iterations",
     "measure",
@@ -44,6 +48,11 @@ larger group costs about what 16 do there (`bench/fused_speed.py`: K = 8 and 16 
 GPU it times the whole group."""
 
 
+MEMORY_MEMBERS = 4
+"""A fused group's memory is measured on this many members (a member's share is the same at any
+K: its rows of every tensor)."""
+
+
 def check_spec(spec_arg: str, storage: str | None = None, *, estimate: bool = True) -> str:
     """The report ``ponder-study check SPEC`` prints; raises `SpecError` for a bad spec."""
     spec = load_spec(spec_arg).with_overrides(storage=storage)
@@ -57,23 +66,31 @@ def check_spec(spec_arg: str, storage: str | None = None, *, estimate: bool = Tr
 
     cpus, gpus = os.cpu_count() or 1, _gpu_count()
     res = spec.resources
-    fit = trials_at_once(spec.search.max_concurrent, res.cpu / res.fuse, res.gpu / res.fuse, cpus, gpus)
-    lines += ["", *_fusion(spec, fit)]
+    room = trials_at_once(2**31, res.cpu / res.fuse, res.gpu / res.fuse, cpus, gpus)  # the machine's
+    fit = min(room, spec.search.max_concurrent)
+    groups = room // res.fuse  # fused groups side by side here (each `cpu` CPUs, or a `gpu` share)
+    lines += ["", *_fusion(spec, groups)]
     lines += [
         f"trials at once: at most {spec.search.max_concurrent} (max_concurrent); this machine "
-        f"({cpus} CPUs, {gpus} GPUs) fits {fit}"
-        + ("" if fit else " (a cluster runs it: ponder-study run --address ...)"),
+        f"({cpus} CPUs, {gpus} GPUs) fits {room}"
+        + (f" ({groups} group{'s' if groups != 1 else ''} of {res.fuse})" if res.fuse > 1 and room else "")
+        + ("" if room else " (a cluster runs it: ponder-study run --address ...)"),
     ]
     lines += ["", *_results(spec), ""]
     if not estimate:
-        lines.append("wall time: not estimated (--no-estimate)")
+        lines.append(
+            "wall time"
+            + (" and a group's memory" if res.fuse > 1 else "")
+            + ": not estimated (--no-estimate)"
+        )
     else:
         lines += _wall_time(spec, fit, least)
     return "\n".join(lines)
 
 
-def _fusion(spec: StudySpec, fit: int) -> list[str]:
-    """What a trial reserves, and with ``fuse``, how trials are trained together."""
+def _fusion(spec: StudySpec, groups: int) -> list[str]:
+    """What a trial reserves, and with ``fuse``, how trials are trained together (``groups``: the
+    fused groups this machine holds side by side)."""
     res = spec.resources
     if res.fuse == 1:
         return [
@@ -87,12 +104,36 @@ def _fusion(spec: StudySpec, fit: int) -> list[str]:
         f"a group); each trial reserves {res.cpu / res.fuse:g} CPU, {res.gpu / res.fuse:g} GPU",
         f"  a group's step runs {step} (compile = {mode!r})",
     ]
-    if min(fit, spec.search.max_concurrent) < res.fuse:
-        lines.append(
-            f"  note: at most {min(fit, spec.search.max_concurrent)} trials at once here, so a group holds "
-            f"no more than that; raise [search] max_concurrent to {res.fuse} to fill one"
+    note = fusion_note(spec.search.num_samples, spec.search.max_concurrent, res.fuse, groups)
+    return lines + ([f"  note: {note}"] if note else [])
+
+
+def fusion_note(trials: int, max_concurrent: int, fuse: int, groups: int) -> str | None:
+    """What keeps a fused study from using the ``groups`` groups this machine holds side by side
+    (or from filling its one group), and the ``fuse`` and ``max_concurrent`` that would; None when
+    nothing does. A group trains the trials placed on its CPUs or GPU share, so trials at once that
+    fit in fewer groups than the machine holds leave the others' CPUs idle."""
+    if groups < 1:
+        return None  # a cluster runs it
+    at_once = min(max_concurrent, trials, groups * fuse)
+    used = -(-at_once // fuse)  # groups those trials fill, one before the next
+    most = min(trials, groups * fuse)  # the most trials this fuse trains at once here
+    if used < groups and most > used:
+        spread = -(-most // groups)
+        raise_it = f" with [search] max_concurrent = {most}" if max_concurrent < most else ""
+        idle = "the other idles" if groups - used == 1 else "the others idle"
+        how = f"in {-(-most // spread)} groups of up to {spread}" if spread > 1 else "each in its own process"
+        return (
+            f"{at_once} trials at once fill {used} of the {groups} groups this machine holds, and {idle}: "
+            f"fuse = {spread}{raise_it} trains {most} trials at once {how}"
         )
-    return lines
+    if at_once < most:
+        fill = "one" if most >= fuse else f"it with all {trials}"
+        return (
+            f"at most {at_once} trials at once (max_concurrent), so a group holds no more than that; "
+            f"raise [search] max_concurrent to {most} to fill {fill}"
+        )
+    return None
 
 
 def _budget(spec: StudySpec) -> tuple[list[str], int]:
@@ -159,7 +200,7 @@ def _wall_time(spec: StudySpec, fit: int, least: int) -> list[str]:
     except Exception as exc:  # the estimate is a courtesy: a task it cannot build here is no spec error
         return [f"wall time: no estimate ({type(exc).__name__}: {' '.join(str(exc).split())[:200]})"]
     evaluations = math.ceil(iters / spec.eval_interval) * n
-    at_once = max(fit, 1) // members  # trials, or fused groups: what trains side by side
+    at_once = max(max(fit, 1) // members, 1)  # trials, or fused groups: what trains side by side
 
     def wall(trial_iterations: int) -> float:
         return wall_seconds(e, trial_iterations, evaluations * trial_iterations / full, at_once)
@@ -180,6 +221,14 @@ def _wall_time(spec: StudySpec, fit: int, least: int) -> list[str]:
         side_by_side = f"{at_once} group{'s' if at_once > 1 else ''} of {members} at once"
     lines.append(f"  {n} trials, {side_by_side}: about {span} of training and evaluation")
     lines.append("  not counted: Ray's start (~10 s), per-trial set-up, other load on the machine")
+    if e.bytes_per_member:
+        fuse, per = spec.resources.fuse, e.bytes_per_member
+        gpu = f"; an 80 GB GPU holds about {int(0.9 * 80e9 / per):,} members" if spec.resources.gpu else ""
+        lines.append(
+            f"memory: a fused group needs about {_size(per)} a member on its device at an iteration's "
+            f"peak (its tensors at max_steps {spec.longest_max_steps}, measured here): "
+            f"{_size(fuse * per)} for a group of {fuse}{gpu}"
+        )
     if spec.resources.gpu > 0 and e.device == "cpu":
         lines.append("  the trials ask for GPUs and none is here: on a GPU they run at another speed")
     return lines
@@ -187,8 +236,9 @@ def _wall_time(spec: StudySpec, fit: int, least: int) -> list[str]:
 
 def group_members(spec: StudySpec, fit: int) -> int:
     """Trials a fused group of ``spec`` trains at once on this machine (``fit`` trials at once in
-    all): ``fuse``, or fewer where fewer trials run at once; 1 without fusion."""
-    return max(1, min(spec.resources.fuse, fit, spec.search.max_concurrent))
+    all): ``fuse``, or fewer where fewer trials run at once; where none fits here (a cluster runs
+    it, ``fit`` 0), what a group there holds; 1 without fusion."""
+    return max(1, min(spec.resources.fuse, fit or spec.resources.fuse, spec.search.max_concurrent))
 
 
 def wall_seconds(e: Estimate, trial_iterations: float, evaluations: float, side_by_side: int) -> float:
@@ -236,6 +286,9 @@ class Estimate:
     """The point of the space timed (``lambda_p=0.21, max_steps=12``)."""
     members: int = 1
     """Members of the fused group timed (1: a plain `Trainer`)."""
+    bytes_per_member: float = 0.0
+    """Fused: the device memory a member needs at an iteration's peak (the group's tensors: its
+    share of the stacked weights, Adam, data and activations), at the longest max_steps."""
 
 
 def measure(spec: StudySpec, budget_s: float = ESTIMATE_BUDGET_S, members: int = 1) -> Estimate:
@@ -260,12 +313,22 @@ def measure(spec: StudySpec, budget_s: float = ESTIMATE_BUDGET_S, members: int =
         # on a GPU a member-iteration keeps getting cheaper with K (launches, not arithmetic)
         timed = members if trainer.device.type == "cuda" else min(members, TIMED_MEMBERS)
         step: Any = trainer.train_step
+        per_member = 0.0
         if timed > 1:
-            group = FusedTrainer(timed, trainer.device, compile=False)
-            for k in range(timed):
-                group.join(dataclasses.replace(config, seed=config.seed + k))
-            step = group.train_step
-        step()  # warm-up: first-call allocations
+
+            def group_of(size: int, max_steps: int) -> FusedTrainer:
+                group = FusedTrainer(size, trainer.device, compile=False)
+                for k in range(size):
+                    group.join(dataclasses.replace(config, seed=config.seed + k, max_steps=max_steps))
+                group.train_step()  # warm-up: first-call allocations
+                return group
+
+            # memory at the longest max_steps a member may have (a compiled group unrolls it for all)
+            size = min(timed, MEMORY_MEMBERS)
+            _, peak = peak_memory(lambda: group_of(size, spec.longest_max_steps), trainer.device)
+            step, per_member = group_of(timed, config.max_steps).train_step, peak / size
+        else:
+            step()  # warm-up: first-call allocations
         count, start = 0, time.perf_counter()
         while count < 3 or (time.perf_counter() - start < budget_s and count < config.iterations):
             step()
@@ -277,7 +340,32 @@ def measure(spec: StudySpec, budget_s: float = ESTIMATE_BUDGET_S, members: int =
     finally:
         torch.set_num_threads(before)
     at = ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in point.items())
-    return Estimate(per_iteration, per_evaluation, count, str(trainer.device), threads, at, timed)
+    return Estimate(per_iteration, per_evaluation, count, str(trainer.device), threads, at, timed, per_member)
+
+
+T = TypeVar("T")
+
+
+def peak_memory(build: Callable[[], T], device: Any) -> tuple[T, int]:
+    """(what ``build`` returns, the most bytes of tensors it held at once on ``device``): CUDA's
+    allocator statistics on a GPU; on a CPU, torch's profiler's allocation events in order."""
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        start = torch.cuda.memory_allocated(device)
+        out = build()
+        return out, torch.cuda.max_memory_allocated(device) - start
+    from torch.profiler import ProfilerActivity, profile
+
+    with _stderr_closed(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        out = build()
+    held = peak = 0
+    for event in sorted(prof.events(), key=lambda e: e.time_range.start):
+        held += event.self_cpu_memory_usage  # + allocated, - freed, by this op alone
+        peak = max(peak, held)
+    return out, peak
 
 
 def _centre(d: Dimension) -> Any:
@@ -313,6 +401,25 @@ def _exists(paths: StudyPaths) -> bool:
         return paths.exists()
     except OSError:  # an unreachable storage: `run` says so itself
         return False
+
+
+@contextlib.contextmanager
+def _stderr_closed() -> Iterator[None]:
+    """File descriptor 2 to /dev/null inside the block: torch's profiler writes a line to it at its
+    start and stop (its C++ layer, whatever the log level), which is no message for a user."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def _size(n: float) -> str:
+    return f"{n / 1e9:.1f} GB" if n >= 1e9 else f"{n / 1e6:.1f} MB"
 
 
 def _duration(seconds: float) -> str:

@@ -154,3 +154,16 @@ def test_fused_members_on_cuda_compute_what_their_plain_cuda_runs_compute(compil
         assert losses[slot] == pytest.approx(plain_losses, rel=rel, abs=1e-5)
         for got, want in zip(reports[slot], plain_reports, strict=True):
             assert got["test/halted_accuracy"] == pytest.approx(want["test/halted_accuracy"], abs=acc)
+
+
+def test_the_counter_stream_is_the_same_bits_on_cuda_and_a_run_moved_there_draws_on() -> None:
+    """Integer ops only: a run's batches are the same on the GPU as on the CPU, so a CPU run's
+    checkpoint continued on CUDA (and a fused member there) draws exactly its next batches."""
+    cpu = _trainer("parity", "cpu")
+    for _ in range(2):
+        cpu.train_step()
+    cuda = Trainer.from_state(cpu.state_dict(), device="cuda")
+    for _ in range(3):
+        (x, y), (xc, yc) = cpu.next_batch(), cuda.next_batch()
+        assert torch.equal(x, xc.cpu()) and torch.equal(y, yc.cpu())
+        cpu.train_step((x, y)), cuda.train_step((xc, yc))

@@ -484,3 +484,18 @@ def test_an_iteration_dispatches_the_same_ops_at_any_k_and_reads_nothing_back() 
     )
     assert between_2.syncs == between_16.syncs == 0
     assert report_16.syncs >= 16  # `counting` sees reads: each member's evaluation makes some
+
+
+def test_an_emptied_group_takes_a_member_of_the_other_stream() -> None:
+    """A group's data stream is its members' (a fused key field): once every member left, a member
+    of the other stream forms the group anew and trains as its plain run."""
+    fused = FusedTrainer(1, "cpu")
+    fused.leave(fused.join(A))
+    old = dataclasses.replace(A, data_stream="generator")
+    slot = fused.join(old)
+    losses = []
+    for _ in range(3):
+        fused.step()
+        losses.append(fused.last_results[slot].loss)
+    plain = Trainer(old)
+    _assert_same_losses(losses, [plain.train_step().loss for _ in range(3)])

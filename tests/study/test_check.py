@@ -61,7 +61,8 @@ def test_check_says_how_a_fused_spec_places_its_trials(tmp_path: Path) -> None:
     assert "fused: up to 8 trials trained as one model per CPU group" in out
     assert "a group's step runs eager (compile = 'auto')" in out  # auto compiles on CUDA only
     assert "each trial reserves 0.125 CPU" in out
-    assert "raise [search] max_concurrent to 8" in out  # the smoke spec runs 2 at once
+    assert "note: 2 trials at once fill 1 of the " in out  # the smoke spec runs 2 at once
+    assert "groups of 8)" in out  # what the machine fits, whatever max_concurrent says
     gpu = tmp_path / "fused-gpu.toml"
     gpu.write_text(source.replace("gpu = 0\n", "gpu = 1\n"))
     rc, out, _ = run_check(str(gpu), "--no-estimate", "--storage", str(tmp_path))
@@ -112,9 +113,46 @@ def test_a_fused_estimate_times_a_fused_group_per_member_iteration() -> None:
     assert check.measure(spec, budget_s=0.2).members == 1
 
 
+def test_a_fused_groups_memory_is_measured_a_member_and_grows_with_its_members() -> None:
+    """The peak of an iteration's tensors, a member's share, at the longest max_steps a member
+    may have: the same for 2 members and for 4 (a group's memory is K times it), and at least the
+    activations one member's backward keeps ([N, B, 3H] float32 of its GRU's gates)."""
+    spec = load_spec("parity-smoke")
+    small, large = (check.measure(spec, budget_s=0.05, members=k) for k in (2, 4))
+    assert small.bytes_per_member == pytest.approx(large.bytes_per_member, rel=0.2)
+    config = spec.config_for({d.name: check._centre(d) for d in spec.space})
+    gates = spec.longest_max_steps * config.batch_size * 3 * config.n_hidden * 4
+    assert gates < large.bytes_per_member < 100 * gates
+    assert check.measure(spec, budget_s=0.05).bytes_per_member == 0  # a plain trial: not a group
+
+
+@pytest.mark.parametrize(
+    ("trials", "max_concurrent", "fuse", "groups", "note"),
+    [
+        # 8 trials, fuse 16, 2 at once on 2 CPUs: a group of 16 never fills, and one CPU idles
+        (8, 2, 16, 2, "2 trials at once fill 1 of the 2 groups this machine holds, and the other idles: "
+         "fuse = 4 with [search] max_concurrent = 8 trains 8 trials at once in 2 groups of up to 4"),
+        (8, 4, 8, 2, "4 trials at once fill 1 of the 2 groups"),  # all in one group on one CPU
+        (8, 16, 8, 2, "fuse = 4 trains 8 trials at once in 2 groups of up to 4"),  # max_concurrent is enough
+        (6, 2, 8, 1, "at most 2 trials at once (max_concurrent), so a group holds no more than that; "
+         "raise [search] max_concurrent to 6 to fill it with all 6"),  # one GPU
+        (32, 2, 8, 1, "raise [search] max_concurrent to 8 to fill one"),
+        (4, 4, 8, 16, "fuse = 1 trains 4 trials at once each in its own process"),
+        (32, 16, 8, 2, None),  # two full groups
+        (1, 1, 8, 2, None),  # one trial: nothing to spread
+        (8, 8, 8, 0, None),  # no room here: a cluster runs it
+    ],
+)  # fmt: skip
+def test_a_fused_spec_that_leaves_groups_idle_or_unfilled_says_what_would_not(
+    trials: int, max_concurrent: int, fuse: int, groups: int, note: str | None
+) -> None:
+    got = check.fusion_note(trials, max_concurrent, fuse, groups)
+    assert got == note if note is None else (got is not None and note in got), got
+
+
 @pytest.mark.parametrize(
     ("fuse", "fit", "max_concurrent", "members"),
-    [(1, 16, 16, 1), (8, 16, 16, 8), (8, 2, 16, 2), (8, 16, 4, 4), (8, 0, 16, 1)],
+    [(1, 16, 16, 1), (8, 16, 16, 8), (8, 2, 16, 2), (8, 16, 4, 4), (8, 0, 16, 8), (8, 0, 4, 4)],
 )
 def test_a_group_holds_fuse_trials_or_fewer_where_fewer_run_at_once(
     tmp_path: Path, fuse: int, fit: int, max_concurrent: int, members: int

@@ -224,3 +224,29 @@ def test_a_searcher_tune_unpickled_is_refused_when_rebound_to_another_study(tmp_
     unpickled = pickle.loads(pickle.dumps(searcher))
     with pytest.raises(SearcherStateError, match="does not hold"):
         unpickled.rebind(StudyPaths(str(tmp_path / "b"), "s"))
+
+
+def test_an_ask_cut_short_by_a_kill_is_finished_and_run_not_failed_beside_a_new_one(tmp_path: Path) -> None:
+    """Optuna writes an ask's parameters one journal record each: a driver killed inside the ask
+    leaves a RUNNING trial with some of them. The next new Tune trial takes it, its missing
+    parameters drawn then: one Optuna trial per Tune trial, none FAILED beside them (seen in the
+    kill campaign, seed 390991844: 9 finished Optuna trials for 8 Tune trials)."""
+    paths = StudyPaths(str(tmp_path), "s")
+    searcher = _searcher(paths)
+    searcher.suggest("t1")
+    searcher.save(str(tmp_path / "searcher.pkl"))
+    study = _study(paths)
+    cut = study.ask()  # the kill came after its first parameter
+    cut.suggest_float("lambda_p", 0.05, 0.95)
+
+    restored = make_searcher(SPEC, paths).searcher
+    restored.restore(str(tmp_path / "searcher.pkl"))
+    restored.rebind(paths)
+    restored.reconcile({"t1": {}}, {})
+    params = restored.suggest("t2")
+    assert params is not None and params["lambda_p"] == cut.params["lambda_p"]
+    assert {d.name for d in SPEC.space} <= set(params)
+    trials = _study(paths).trials
+    assert [t.number for t in trials] == [0, 1]
+    assert [t.user_attrs[TUNE_ID_ATTR] for t in trials] == ["t1", "t2"]
+    assert all(t.state == optuna.trial.TrialState.RUNNING for t in trials)
