@@ -30,9 +30,13 @@ A study that finishes before the campaign has made its K kills is followed by an
     .venv/bin/python bench/kill_campaign.py --seeds 11,12,13     # 3 x 30 kills, one total
     .venv/bin/python bench/kill_campaign.py --uniform            # kills at uniform random times
     .venv/bin/python bench/kill_campaign.py --fuse 4             # fused trials, 4 a group
+    .venv/bin/python bench/kill_campaign.py --fuse 4 --spec mnist-rotation --kills 8
 
 With ``--fuse K`` the smoke study's trials are trained in fused groups of K on the machine's CPUs
-(K at a time), so every kill lands on a driver whose trials share a fuser.
+(K at a time), so every kill lands on a driver whose trials share a fuser. With ``--spec mnist``
+or ``--spec mnist-rotation`` it is that shipped MNIST spec instead, cut to a smoke study's size
+(60 iterations of a 16-unit model on batches of 32, reports every 10, ASHA's first rung at 10,
+200 test digits: `fused_mnist_smoke`) and fused in groups of K on one CPU.
 
 Also a library: tests/study/test_kill_campaign.py imports it and runs a seeded, smaller campaign
 (`Campaign`, `run_campaign`) in the suite.
@@ -412,6 +416,26 @@ def _moto(c: Campaign) -> Any:
     return server
 
 
+def fused_mnist_smoke(where: Path, name: str, fuse: int) -> str:
+    """The shipped MNIST spec ``name`` at a smoke study's size, its trials trained in fused groups of
+    ``fuse`` on one CPU each, ``fuse`` at a time; saved as ``<name>.toml`` in ``where``, its path."""
+    import re
+
+    from study.spec.spec import load_spec, parse_spec
+
+    source = load_spec(name).source
+    sizes = {"iterations": 60, "eval_interval": 10, "grace_period": 10, "batch_size": 32, "n_hidden": 16}
+    for key, value in {**sizes, "max_concurrent": fuse}.items():
+        source, made = re.subn(rf"^{key} = .*$", f"{key} = {value}", source, flags=re.MULTILINE)
+        assert made == 1, f"{name}: no {key} line to rewrite"
+    source = source.replace("[config]\n", "[config]\nn_embed = 16\neval_samples = 200\n", 1)
+    source = source.replace("gpu = 0\n", f"gpu = 0\nfuse = {fuse}\n", 1)
+    assert parse_spec(source, name).resources.fuse == fuse
+    path = where / f"{name}.toml"
+    path.write_text(source)
+    return str(path)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--kills", type=int, default=30)
@@ -424,7 +448,12 @@ def main() -> None:
     p.add_argument("--storage", help="a local directory (default: a new temporary one)")
     p.add_argument("--s3", action="store_true", help="storage on S3 (moto's server on loopback)")
     p.add_argument("--cluster", action="store_true", help="a 3-node local Ray cluster; one worker removed")
-    p.add_argument("--fuse", type=int, default=1, help="train the smoke study's trials fused, K a group")
+    p.add_argument(
+        "--fuse",
+        type=int,
+        default=1,
+        help="train the smoke (or --spec mnist[-rotation]) study's trials fused, K a group",
+    )
     p.add_argument(
         "--signals",
         action="store_true",
@@ -444,13 +473,17 @@ def main() -> None:
 def _campaign(args: argparse.Namespace, seed: int) -> tuple[int, list[Kill]]:
     spec = args.spec
     if args.fuse > 1:
-        if spec != "parity-smoke":
-            raise SystemExit("--fuse rewrites the smoke study only: leave --spec at parity-smoke")
-        from tests.study.conftest import smoke_spec
+        where = Path(tempfile.mkdtemp(prefix="kill-campaign-spec-"))
+        if spec in ("mnist", "mnist-rotation"):
+            spec = fused_mnist_smoke(where, spec, args.fuse)
+        elif spec == "parity-smoke":
+            from tests.study.conftest import smoke_spec
 
-        spec = smoke_spec(
-            Path(tempfile.mkdtemp(prefix="kill-campaign-spec-")), at_once=args.fuse, fuse=args.fuse
-        )
+            spec = smoke_spec(where, at_once=args.fuse, fuse=args.fuse)
+        else:
+            raise SystemExit(
+                "--fuse rewrites parity-smoke, mnist or mnist-rotation: give one of them as --spec"
+            )
     c = Campaign(
         storage=args.storage or tempfile.mkdtemp(prefix="kill-campaign-storage-"),
         kills=args.kills,

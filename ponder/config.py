@@ -246,13 +246,13 @@ class MnistConfig(PonderConfig):
     """Rotate training images by this many degrees (22.5 in the reference article's extrapolation run)."""
     eval_rotations: tuple[float, ...] = (22.5, 45.0, 67.5, 90.0)
     """Extra evaluation sets: the test images rotated by each of these angles in degrees."""
-    data_stream: DataStream = "generator"
-    """Where training batches and dropout masks come from: generator only for MNIST (its dropout
-    draws from torch's global generator)."""
+    data_stream: DataStream = "counter"
+    """Where training batches and dropout masks come from: counter (both from the run's own counter
+    stream, `ponder.data.mnist_stream`; what fused training needs) or generator (batches from a
+    torch.Generator, dropout from torch's global generator: runs made before counter streams)."""
 
     def validate(self) -> None:
         super().validate()
-        _check(self.data_stream == "generator", "data_stream", self.data_stream, "generator for mnist")
         _check(self.n_embed >= 1, "n_embed", self.n_embed, ">= 1")
         _check(0.0 <= self.dropout < 1.0, "dropout", self.dropout, "in [0, 1)")
         self.eval_rotations = tuple(float(a) for a in self.eval_rotations)

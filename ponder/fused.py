@@ -18,6 +18,9 @@ computes: the GRU is causal, so the steps it runs past N_k change nothing before
 autograd Function writing into preallocated outputs, which vmap cannot batch. The GRU here is the
 same equations in plain batched ops, differentiated by autograd and traceable by ``torch.compile``.
 
+What every task's fused loss shares (the masked halting distribution, `fused_halting_loss`) is
+here too; `PARITY` is parity's `ponder.fused_task.FusedTask`, MNIST's is in `ponder.fused_mnist`.
+
 Shapes: K members (rows), N steps, B samples, I = n_elems inputs, H hidden units, P parameters.
 """
 
@@ -26,63 +29,68 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ponder.config import KLDirection, PonderConfig
-from ponder.data.parity import stream_batches
+from ponder.config import KLDirection, ParityConfig, PonderConfig
+from ponder.data.parity import stream_batches, stream_words_per_batch
+from ponder.fused_task import FusedTask
 from ponder.streams import iteration_keys, stream_words
+from ponder.tasks import task_of
 from ponder.trainer import resolve_device
+
+if TYPE_CHECKING:
+    from ponder.trainer import Trainer
 
 __all__ = [
     "FUSED_KEY_FIELDS",
-    "FUSED_TASK_ONLY",
+    "PARITY",
     "ParamLayout",
     "fusable_key",
     "fusable_mismatch",
     "fused_forward",
     "fused_forward_loss",
     "fused_gru_unroll",
+    "fused_halting_loss",
     "fused_log_halting_distribution",
     "fused_ponder_loss",
     "fused_stream_forward_loss",
     "padded_log_prior",
 ]
 
-FUSED_KEY_FIELDS = (
-    "task",
-    "n_elems",
-    "n_hidden",
-    "batch_size",
-    "kl_direction",
-    "device",
-    "compile",
-    "data_stream",
-)
-"""Config fields every member of one fused group shares. The shapes (n_elems, n_hidden, batch_size)
-are the stacked tensors' shapes; the KL direction is a different formula, not a masked value; the
-device holds every tensor; the data stream is how the group draws its batches (counter: all at
-once; generator: one draw per member, for runs made before counter streams); ``compile`` is how
-the group's step runs (`ponder.compiled.should_compile`
-on the device, as for a plain run). Everything else is per member: lambda_p and prior_tail (its own log
-prior row), beta, lr, grad_clip (per-row scalars), seed (its own weights, data and evaluation
-sets), max_steps (masked, module docstring), the nonzero range, the budget and the NaN limit."""
+_SHARED = ("task", "n_hidden", "batch_size", "kl_direction", "device", "compile", "data_stream")
 
-FUSED_TASK_ONLY = "fused training supports the parity task only; set fuse = 1 for mnist"
-"""The refusal for any other task: the MNIST step's convolutions are not batched over members."""
+FUSED_KEY_FIELDS: dict[str, tuple[str, ...]] = {
+    "parity": (*_SHARED[:1], "n_elems", *_SHARED[1:]),
+    "mnist": (*_SHARED[:1], "n_embed", *_SHARED[1:], "data_dir", "train_rotation"),
+}
+"""Per task, the config fields every member of one fused group shares. The shapes (n_elems or
+n_embed, n_hidden, batch_size) are the stacked tensors' shapes; the KL direction is a different
+formula, not a masked value; the device holds every tensor; the data stream is how the group draws
+its batches (counter: all at once; generator: one draw per member, for parity runs made before
+counter streams); ``compile`` is how the group's step runs (`ponder.compiled.should_compile` on
+the device, as for a plain run); MNIST's ``data_dir`` and ``train_rotation`` are the training
+images the group holds once (`ponder.data.mnist_shared`). Everything else is per member: lambda_p
+and prior_tail (its own log prior row), beta, lr, grad_clip, dropout (per-row scalars), seed (its
+own weights, data and evaluation sets), max_steps (masked, module docstring), the nonzero range,
+the evaluation sets' sizes and angles, the budget and the NaN limit."""
 
 
 def fusable_key(config: PonderConfig) -> tuple[tuple[str, object], ...]:
     """The ``(field, value)`` pairs members of one fused group must share (`FUSED_KEY_FIELDS`);
     configs with equal keys can train fused. ``device`` is resolved (``auto`` is what it means
-    here). Raises ValueError for a task other than parity."""
-    if config.task != "parity":
-        raise ValueError(FUSED_TASK_ONLY)
+    here). Raises ValueError, saying why in one line, for a task without a batched step or a data
+    stream it does not fuse on (MNIST's generator stream: `ponder.tasks.TaskDef.fuse_refusal`)."""
+    refusal = task_of(config).fuse_refusal(config.data_stream)
+    if refusal is not None:
+        raise ValueError(refusal)
+    fields = FUSED_KEY_FIELDS[config.task]
     values = config.to_dict()
     values["device"] = str(resolve_device(config.device))
-    return tuple((name, values[name]) for name in FUSED_KEY_FIELDS)
+    return tuple((name, values[name]) for name in fields)
 
 
 def fusable_mismatch(key: tuple[tuple[str, object], ...], config: PonderConfig) -> str | None:
@@ -238,22 +246,37 @@ def fused_ponder_loss(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(L, L_rec, L_reg), each ``[K]``: every member's `ponder.trainer.ponder_loss`, from parity
     logits and log p ``[K, N, B]``, labels ``[K, B]``, log priors ``[K, N]`` (`padded_log_prior`),
-    beta ``[K]`` and max_steps ``[K]``. A member's loss reads only its own rows, so a NaN in one
-    member reaches no other member's loss or gradient.
+    beta ``[K]`` and max_steps ``[K]`` (`fused_halting_loss` of the binary cross-entropies).
+    """
+    step_losses = F.binary_cross_entropy_with_logits(
+        y_hat, y[:, None, :].expand_as(y_hat), reduction="none"
+    )  # L(y, y_hat_n)  # [K, N, B]
+    return fused_halting_loss(step_losses, log_p, log_prior, beta, max_steps, kl_direction)
+
+
+def fused_halting_loss(
+    step_losses: torch.Tensor,
+    log_p: torch.Tensor,
+    log_prior: torch.Tensor,
+    beta: torch.Tensor,
+    max_steps: torch.Tensor,
+    kl_direction: KLDirection,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(L, L_rec, L_reg), each ``[K]``, from each step's loss L(y, y_hat_n) and log p ``[K, N, B]``,
+    log priors ``[K, N]``, beta ``[K]`` and max_steps ``[K]``: what any task's fused loss shares. A
+    member's loss reads only its own rows, so a NaN in one member reaches no other member's loss or
+    gradient.
 
         L_rec = mean_b sum_{n <= N_k} p_n L(y, y_hat_n);   L = L_rec + beta L_reg
         L_reg = KL(p || p_G) = sum_{n <= N_k} p_n (log p_n - log p_G,n)          (forward)
                 KL(p_G || p) = sum_{n <= N_k} p_G,n (log p_G,n - log p_n)        (reverse)
     """
-    n_steps = y_hat.shape[1]
-    n = torch.arange(n_steps, device=y_hat.device)  # [N]
+    n_steps = log_p.shape[1]
+    n = torch.arange(n_steps, device=log_p.device)  # [N]
     valid = (n[None, :] < max_steps[:, None])[..., None]  # steps <= N_k  # [K, N, 1]
     # log p with the -inf past N_k made 0: no 0 * -inf below; p itself is exactly 0 there
     log_p_kept = log_p.masked_fill(~valid, 0.0)  # [K, N, B]
     p = log_p.exp()  # [K, N, B]
-    step_losses = F.binary_cross_entropy_with_logits(
-        y_hat, y[:, None, :].expand_as(y_hat), reduction="none"
-    )  # L(y, y_hat_n)  # [K, N, B]
     rec = (p * step_losses).sum(dim=1).mean(dim=1)  # [K]
     log_q = log_prior[..., None]  # [K, N, 1], broadcast over the batch
     if kl_direction == "forward":
@@ -321,3 +344,30 @@ def padded_log_prior(log_prior: torch.Tensor, n_steps: int) -> torch.Tensor:
     """A member's log prior ``[N_k]`` (`ponder.halting.log_geometric_prior`) padded with zeros to
     ``[N]``: the padding is never read (`fused_ponder_loss` masks steps past N_k)."""
     return F.pad(log_prior, (0, n_steps - log_prior.shape[0]))
+
+
+def _parity_rows(trainers: Sequence[Trainer | None], device: torch.device) -> tuple[torch.Tensor, ...]:
+    """Each row's non-zero range ``(low [R], high [R])`` (padding rows: 1, 1)."""
+    ranges = [
+        t.config.nonzero_range if t is not None and isinstance(t.config, ParityConfig) else (1, 1)
+        for t in trainers
+    ]
+    return torch.tensor([lo for lo, _ in ranges], device=device), torch.tensor(
+        [hi for _, hi in ranges], device=device
+    )
+
+
+def _parity_width(config: PonderConfig, n_steps: int) -> int:
+    assert isinstance(config, ParityConfig)
+    return stream_words_per_batch(config.batch_size, config.n_elems)
+
+
+PARITY = FusedTask(
+    name="parity",
+    stream_loss=fused_stream_forward_loss,
+    stream_width=_parity_width,
+    row_data=_parity_rows,
+    forward_loss=fused_forward_loss,
+    ordered=True,
+)
+"""Parity's batched step: the GRU over rows, each row's stream batch drawn inside the loss."""

@@ -1,9 +1,10 @@
-"""Horizontal fusion: up to K parity runs trained as one model, each still a plain `Trainer` outside.
+"""Horizontal fusion: up to K runs trained as one model, each still a plain `Trainer` outside.
 
 `FusedTrainer` holds K slots. A run joins a free slot (from its config, or from a plain `Trainer`
 checkpoint to continue it) and leaves it when the driver says (a scheduler stopped it) or after it
 finished (completed, diverged); the others train on unharmed. One `FusedTrainer.step` is one
-iteration of every running member: one batched forward and backward (`ponder.fused`), one
+iteration of every running member: one batched forward and backward (the task's
+`ponder.fused_task.FusedTask`: parity's in `ponder.fused`, MNIST's in `ponder.fused_mnist`), one
 elementwise Adam over the stacked rows (`ponder.fused_adam.RowAdam`).
 
 Each member is a plain `Trainer` built from its config (the member's *plain trainer*): its
@@ -33,30 +34,27 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from ponder.compiled import compile_mode, share_compile_cache, should_compile, uses_cuda_graphs
-from ponder.config import ParityConfig, PonderConfig
+from ponder.config import PonderConfig
 from ponder.cpu import keep_freed_memory
-from ponder.fused import (
-    ParamLayout,
-    fusable_key,
-    fusable_mismatch,
-    fused_forward_loss,
-    fused_stream_forward_loss,
-    padded_log_prior,
-)
+from ponder.fused import PARITY, ParamLayout, fusable_key, fusable_mismatch, padded_log_prior
 from ponder.fused_adam import RowAdam
+from ponder.fused_mnist import MNIST
+from ponder.fused_task import FusedTask, LossFn
 from ponder.streams import seed_keys, stream_base
 from ponder.trainer import Metrics, StepResult, Trainer, resolve_device
 
 __all__ = ["COMPILED_STEPS", "FusedTrainer"]
 
 Key = tuple[tuple[str, object], ...]
+
+FUSED_TASKS: dict[str, FusedTask] = {"parity": PARITY, "mnist": MNIST}
+"""Each fusable task's batched step, by task name."""
 
 COMPILED_STEPS = 4
 """A compiled group unrolls a multiple of this many steps (the rows past their own max_steps are
@@ -93,14 +91,13 @@ class _Plan:
     beta: torch.Tensor  # [R]
     max_norm: torch.Tensor  # the gradient clip, inf where off  # [R]
     max_nan: torch.Tensor  # NaN events a member may have before it diverges  # [R]
-    low: torch.Tensor  # its non-zero range's ends  # [R]
-    high: torch.Tensor  # [R]
+    data: tuple[torch.Tensor, ...]  # the task's per-row inputs (`FusedTask.row_data`)
     base: torch.Tensor  # its counter stream's `stream_base` (counter groups)  # [R, W]
     k0: torch.Tensor  # its counter stream's seed key  # [R]
 
 
 class FusedTrainer:
-    """Up to ``capacity`` parity runs trained together as one stacked model on ``device``.
+    """Up to ``capacity`` runs of one task trained together as one stacked model on ``device``.
 
     ``compile``: run the batched data draw, forward and loss through ``torch.compile`` (on CUDA
     captured in CUDA graphs, as a plain compiled step is: `ponder.compiled.compile_mode`); every
@@ -131,8 +128,10 @@ class FusedTrainer:
         self._weights: torch.Tensor | None = None  # row k: slot k's parameters  # [K, P]
         self._adam: RowAdam | None = None
         self._plan: _Plan | None = None
-        self._forward_loss: Callable[..., tuple[torch.Tensor, ...]] = fused_forward_loss
-        self._stream_loss: Callable[..., tuple[torch.Tensor, ...]] = fused_stream_forward_loss
+        self._task = PARITY  # the batched step: the first member's task's (`FUSED_TASKS`)
+        self._counter = True  # the group draws from counter streams (else a generator per member)
+        self._forward_loss: LossFn | None = PARITY.forward_loss
+        self._stream_loss: LossFn = PARITY.stream_loss
         self._compiled_steps = 0  # the longest unroll compiled so far
         self._unroll = unroll
         # what an iteration counts per slot, on the device, read when a report falls due
@@ -144,7 +143,8 @@ class FusedTrainer:
         self._sums = torch.zeros(capacity, 4, dtype=torch.float64, device=dev)
         self._lrs = torch.zeros(capacity, dtype=torch.float64, device=dev)  # [K]
         self._k0 = torch.zeros(capacity, dtype=torch.int64, device=dev)  # [K]
-        self._base: torch.Tensor | None = None  # the counter streams' bases  # [K, W]
+        self._base: torch.Tensor | None = None  # the counter streams' bases, grown as needed  # [K, W]
+        self._shared: tuple[torch.Tensor, ...] = ()  # what every member's batches read, held once
         self._last: tuple[tuple[int, ...], torch.Tensor, torch.Tensor, torch.Tensor] | None = None
         if compile:
             self._use_compiled()
@@ -181,12 +181,15 @@ class FusedTrainer:
         """The slots a run can join."""
         return [s for s in range(self.capacity) if s not in self._members]
 
-    def join(self, config: PonderConfig, state: dict[str, Any] | None = None) -> int:
+    def join(
+        self, config: PonderConfig, state: dict[str, Any] | None = None, data: object | None = None
+    ) -> int:
         """Add a run to a free slot and return the slot: a fresh run of ``config`` (the weights a
         plain `Trainer` of it starts from), or, with ``state`` (`Trainer.state_dict`'s dict), that
-        run continued exactly. ValueError if the config cannot join this group (its task, a shape,
-        the data stream or the device differs: `ponder.fused.fusable_key`), no slot is free, or the
-        run is over."""
+        run continued exactly; ``data``: the task's own data, as `Trainer` takes it (MNIST's
+        `MnistData`; None, the task's default). ValueError if the config cannot join this group
+        (its task, a shape, the data stream or the device differs: `ponder.fused.fusable_key`; or
+        it reads other training images), no slot is free, or the run is over."""
         key = fusable_key(config)
         if self._members and self._key is not None:
             mismatch = fusable_mismatch(self._key, config)
@@ -196,16 +199,24 @@ class FusedTrainer:
             raise ValueError(f"device is {config.device!r} but this fused group's is {str(self.device)!r}")
         if not self.free_slots:
             raise ValueError(f"all {self.capacity} slots are taken")
-        trainer = Trainer(config)
+        trainer = Trainer(config, data)
         if state is not None:
             trainer.load_state_dict(state)
         if trainer.outcome != "running":
             raise ValueError(f"the run is {trainer.outcome} already: nothing to train")
+        task = FUSED_TASKS[config.task]
+        shared = task.shared(trainer)
+        if self._members and any(a is not b for a, b in zip(shared, self._shared, strict=True)):
+            raise ValueError("cannot join this fused group: its training images are not the group's")
         slot = self.free_slots[0]
-        if not self._members:  # a new group: its key, shapes and data stream are this member's
-            self._key = key
+        if not self._members:  # a new group: its key, shapes, data and stream are this member's
+            self._key, self._shared = key, shared
             self._base = None
             self._allocate(ParamLayout.of(trainer.model))
+            self._counter = config.data_stream == "counter"
+            if task is not self._task:
+                self._task = task
+                self._use_compiled(self.compiled, again=True)  # the task's step, compiled as it was
             if self._compile is None:  # the group's members say (a new group may say otherwise)
                 self._use_compiled(should_compile(config.compile, self.device))
         assert self._weights is not None and self._layout is not None
@@ -216,13 +227,11 @@ class FusedTrainer:
         self._nan_events[slot] = trainer.nan_events
         self._finite[slot] = 0
         self._sums[slot] = 0.0
-        if config.data_stream == "counter":
+        if self._counter:
             key0 = seed_keys(config.seed)
             self._k0[slot] = key0
-            words = trainer.batch_words
-            if self._base is None or self._base.shape[1] != words:
-                self._base = torch.zeros(self.capacity, words, dtype=torch.int64, device=self.device)
-            self._base[slot] = stream_base(key0, words, self.device)[0]
+            if self._base is not None:  # its words' iteration-free half, as wide as the group's
+                self._base[slot] = stream_base(key0, self._base.shape[1], self.device)[0]
         self._members[slot] = _Member(slot, trainer, trainer.config.lr)
         self._plan = None
         return slot
@@ -280,11 +289,12 @@ class FusedTrainer:
         flat = rows(weights)  # [R, P]
         kl = members[0].trainer.config.kl_direction
         losses = (plan.log_prior, plan.beta, plan.max_steps, plan.n_steps, kl, plan.active)
-        if self._base is not None:  # counter streams: every row's batch drawn inside the step
+        if self._counter:  # counter streams: every row's batch drawn inside the step
             batch_size = members[0].trainer.config.batch_size
-            stream = (plan.base, plan.k0, iterations, plan.low, plan.high, batch_size)
+            stream = (plan.base, plan.k0, iterations, *plan.data, batch_size)
             loss, rec, reg = self._stream_loss(layout, flat, *stream, *losses)  # [R] each
-        else:  # generator streams: a draw per member, as their plain runs made
+        else:  # generator streams (parity): a draw per member, as their plain runs made
+            assert self._forward_loss is not None
             x, y = self._batches(members, plan)  # [R, B, I], [R, B]
             loss, rec, reg = self._forward_loss(layout, flat, x, y, *losses)  # [R] each
         # a member's non-finite loss is masked out before backward: its row gets no gradient that
@@ -431,18 +441,21 @@ class FusedTrainer:
             self._finite.index_fill_(0, index, 0)
             self._sums.index_fill_(0, index, 0.0)
 
-    def _use_compiled(self, compiled: bool = True) -> None:
-        """Run the step through ``torch.compile`` from now on (or eagerly: ``compiled=False``)."""
-        if compiled == self.compiled:
+    def _use_compiled(self, compiled: bool = True, again: bool = False) -> None:
+        """Run the task's step through ``torch.compile`` from now on (or eagerly: ``compiled=False``);
+        ``again``: make the step anew even if ``compiled`` is as it was (the task changed)."""
+        if compiled == self.compiled and not again:
             return
-        self._forward_loss, self._stream_loss = fused_forward_loss, fused_stream_forward_loss
+        task = self._task
+        self._forward_loss, self._stream_loss = task.forward_loss, task.stream_loss
         self._graphs = compiled and uses_cuda_graphs(self.device)
         if compiled:
             share_compile_cache()  # the machine's Inductor cache, as `Trainer` compiles with
             # static shapes: K rows always (free slots padded), N changes only upwards
             mode = compile_mode(self.device)
-            self._forward_loss = torch.compile(fused_forward_loss, dynamic=False, mode=mode)
-            self._stream_loss = torch.compile(fused_stream_forward_loss, dynamic=False, mode=mode)
+            if task.forward_loss is not None:
+                self._forward_loss = torch.compile(task.forward_loss, dynamic=False, mode=mode)
+            self._stream_loss = torch.compile(task.stream_loss, dynamic=False, mode=mode)
         self.compiled = compiled
         self._compiled_steps = 0
         self._plan = None
@@ -503,9 +516,11 @@ class FusedTrainer:
         running = tuple(m.slot for m in members)
         # compiled: every slot, the others as padding rows, so the compiled graph keeps one shape;
         # eager: the running rows, longest max_steps first, so each step computes a prefix of rows
-        # (`ponder.fused.fused_gru_unroll`'s ``active``): a short member stops costing at its N_k
+        # (`ponder.fused.fused_gru_unroll`'s ``active``): a short member stops costing at its N_k;
+        # for a task that computes every row at every step (`FusedTask.ordered` False), as they are
+        ordered = self._task.ordered and not self.compiled
         by_steps = sorted(running, key=lambda s: (-self._members[s].trainer.config.max_steps, s))
-        slots = tuple(range(self.capacity)) if self.compiled else tuple(by_steps)
+        slots = tuple(range(self.capacity)) if self.compiled else tuple(by_steps if ordered else running)
         if (
             self._plan is not None
             and self._plan.slots == slots
@@ -531,9 +546,12 @@ class FusedTrainer:
         ]
         index = None if slots == tuple(range(self.capacity)) else torch.tensor(slots, device=dev)
         own_steps = [c.max_steps for c in configs if c is not None]  # non-increasing when eager
-        active = None if self.compiled else tuple(sum(m > n for m in own_steps) for n in range(n_steps))
-        ranges = [c.nonzero_range if isinstance(c, ParityConfig) else (1, 1) for c in configs]
-        base = self._base if self._base is not None else torch.zeros(self.capacity, 0, dtype=torch.int64)
+        active = tuple(sum(m > n for m in own_steps) for n in range(n_steps)) if ordered else None
+        trainers = [self._members[s].trainer if t else None for s, t in zip(slots, trained, strict=True)]
+        base = torch.zeros(self.capacity, 0, dtype=torch.int64)
+        if self._counter:  # the words every row reads at N steps
+            width = max(self._task.stream_width(c, n_steps) for c in configs if c is not None)
+            base = self._stream_rows(width)[:, :width]
         self._plan = _Plan(
             slots=slots,
             trained=trained,
@@ -548,12 +566,18 @@ class FusedTrainer:
                 [c.grad_clip if c and c.grad_clip > 0 else math.inf for c in configs], device=dev
             ),
             max_nan=torch.tensor([c.max_nan_events if c else 0 for c in configs], device=dev),
-            low=torch.tensor([lo for lo, _ in ranges], device=dev),
-            high=torch.tensor([hi for _, hi in ranges], device=dev),
+            data=self._task.row_data(trainers, dev),
             base=base if index is None else base.index_select(0, index.to(base.device)),
             k0=self._k0 if index is None else self._k0.index_select(0, index),
         )
         return self._plan
+
+    def _stream_rows(self, width: int) -> torch.Tensor:
+        """Every slot's `ponder.streams.stream_base` ``[K, >= width]``, made anew from the slots' seed
+        keys when a plan needs more words than it has (MNIST's grow with the group's N)."""
+        if self._base is None or self._base.shape[1] < width:
+            self._base = stream_base(self._k0, width)
+        return self._base
 
     def _batches(self, members: list[_Member], plan: _Plan) -> tuple[torch.Tensor, torch.Tensor]:
         """Each row's training batch from its member's own generator (zeros for padding rows): the

@@ -39,8 +39,12 @@ class StepFunction(nn.Module, ABC):
     def transition(self, ctx: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
         """h_{n+1} from the context and h_n, ``[B, H]``."""
 
-    def unroll(self, ctx: torch.Tensor, h: torch.Tensor, n_steps: int) -> torch.Tensor:
-        """h_1 .. h_N stacked, ``[N, B, H]``; override with a fused kernel where there is one."""
+    def unroll(
+        self, ctx: torch.Tensor, h: torch.Tensor, n_steps: int, masks: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """h_1 .. h_N stacked, ``[N, B, H]``; override with a fused kernel where there is one.
+        ``masks``: each step's dropout masks ``[N, B, H]`` drawn from the run's counter stream, for a
+        step with dropout (`ponder.steps.MnistStep`; None: its own dropout, in training mode)."""
         states = []
         for _ in range(n_steps):
             h = self.transition(ctx, h)
@@ -94,10 +98,11 @@ class PonderNet(nn.Module):
         self.step = step
         self.max_steps = max_steps
 
-    def forward(self, x: torch.Tensor) -> PonderOutput:
-        """Unroll all N steps (training, and evaluation of every step's accuracy)."""
+    def forward(self, x: torch.Tensor, masks: torch.Tensor | None = None) -> PonderOutput:
+        """Unroll all N steps (training, and evaluation of every step's accuracy); ``masks``: the
+        step's dropout masks ``[N, B, H]`` from the run's counter stream (`StepFunction.unroll`)."""
         ctx = self.step.encode(x)
-        states = self.step.unroll(ctx, self.step.initial_state(ctx), self.max_steps)  # [N, B, H]
+        states = self.step.unroll(ctx, self.step.initial_state(ctx), self.max_steps, masks)  # [N, B, H]
         # the heads see all N states in one call: y_hat [N, B(, C)], lambda logits [N, B]
         y_hat, lambda_logits = self.step.heads(states)
         return PonderOutput(y_hat, lambda_logits, log_halting_distribution(lambda_logits))

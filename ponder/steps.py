@@ -43,8 +43,11 @@ class ParityStep(StepFunction):
         h_next: torch.Tensor = self.cell(ctx, h)
         return h_next
 
-    def unroll(self, ctx: torch.Tensor, h: torch.Tensor, n_steps: int) -> torch.Tensor:
-        """N GRU steps on the same input, ``[N, B, H]``, through the fused `gru_unroll`."""
+    def unroll(
+        self, ctx: torch.Tensor, h: torch.Tensor, n_steps: int, masks: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """N GRU steps on the same input, ``[N, B, H]``, through the fused `gru_unroll` (no dropout:
+        ``masks`` is never given)."""
         c = self.cell
         unroll = gru_unroll_plain if torch.compiler.is_compiling() else gru_unroll
         return unroll(ctx, h, c.weight_ih, c.weight_hh, c.bias_ih, c.bias_hh, n_steps)
@@ -58,6 +61,10 @@ class MnistStep(StepFunction):
     """A small CNN embeds the image once per forward; an MLP mixes embedding and h at each step.
 
     e = CNN(x);  h_{n+1} = MLP([e, h_n]);  logits_n = W_y h_{n+1};  lambda_n = sigmoid(w_l . h_{n+1}).
+
+    The MLP's dropout: ``nn.Dropout`` (torch's global generator) in training mode, the stream of
+    runs made before counter streams; or, given ``masks`` (`unroll`), each step's mask from the
+    run's counter stream (`ponder.data.mnist_stream`), what a fused member draws too.
     """
 
     def __init__(
@@ -94,9 +101,26 @@ class MnistStep(StepFunction):
         """h_0 = 0, ``[B, H]``."""
         return ctx.new_zeros(ctx.shape[0], self.n_hidden)
 
-    def transition(self, ctx: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
-        """h_{n+1} = tanh(MLP([e, h_n])), ``[B, H]``; tanh keeps h bounded over many steps."""
-        return torch.tanh(self.mix(torch.cat([ctx, h], dim=-1)))
+    def transition(
+        self, ctx: torch.Tensor, h: torch.Tensor, mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """h_{n+1} = tanh(MLP([e, h_n])), ``[B, H]``; tanh keeps h bounded over many steps. ``mask``
+        ``[B, H]`` (0, or the kept units' scale) replaces the MLP's dropout."""
+        mix = self.mix
+        if mask is None:
+            return torch.tanh(mix(torch.cat([ctx, h], dim=-1)))
+        hidden = mix[1](mix[0](torch.cat([ctx, h], dim=-1))) * mask  # ReLU(W_1 [e, h] + b_1), dropped
+        return torch.tanh(mix[3](hidden))
+
+    def unroll(
+        self, ctx: torch.Tensor, h: torch.Tensor, n_steps: int, masks: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """h_1 .. h_N ``[N, B, H]``; step n's dropout from ``masks[n]`` (``[N, B, H]``) if given."""
+        states = []
+        for n in range(n_steps):
+            h = self.transition(ctx, h, None if masks is None else masks[n])
+            states.append(h)
+        return torch.stack(states)
 
     def heads(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(class logits ``[..., 10]``, lambda logit ``[...]``)."""

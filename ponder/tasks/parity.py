@@ -57,4 +57,5 @@ TASK: TaskDef[ParityConfig] = TaskDef(
     eval_set_names=eval_set_names,
     chance=0.5,  # the answer is one bit
     canonical_sets=("test", "easy", "hard", "extrapolation"),
+    fused_streams=("counter", "generator"),  # ponder.fused
 )

@@ -8,7 +8,7 @@ registers them. Torch-free at import.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Generic, TypeAlias, TypeVar
 
 from ponder.config import PonderConfig
@@ -21,8 +21,9 @@ if TYPE_CHECKING:
 
 __all__ = ["Batch", "Task", "TaskDef"]
 
-Batch: TypeAlias = "tuple[torch.Tensor, torch.Tensor]"
-"""A training batch ``(x [B, ...], y [B])``."""
+Batch: TypeAlias = "tuple[torch.Tensor, ...]"
+"""A training batch ``(x [B, ...], y [B])``; a counter-stream batch of a step with noise of its own
+(MNIST's dropout) also carries that noise, ``(x, y, masks [N, B, H])``, for the model's forward."""
 
 C = TypeVar("C", bound=PonderConfig)
 
@@ -39,6 +40,9 @@ class Task:
     """Counter-stream words one batch reads (`ponder.streams`); 0 where the task has no counter stream."""
     stream_batch: Callable[[torch.Tensor], Batch] | None = None
     """A batch from one iteration's stream words ``[1, stream_words]`` (``data_stream = "counter"``)."""
+    stream_data: dict[str, torch.Tensor] = field(default_factory=dict)
+    """What ``stream_batch`` reads besides the words, by name (MNIST: the image pool, its labels, the
+    run's training rows): a fused group reads its members' batches from the same tensors."""
 
 
 @dataclass(frozen=True)
@@ -57,6 +61,23 @@ class TaskDef(Generic[C]):
     canonical_sets: tuple[str, ...]
     """The evaluation sets a study's Parquet has as columns from the start (any other set a
     study reports adds its columns when it appears)."""
+    fused_streams: tuple[str, ...] = ()
+    """The data streams on which `ponder.fused_trainer.FusedTrainer` trains the task's runs as one
+    model (a spec's ``fuse > 1``; its batched step is in ``ponder.fused*``); () where it has none.
+    A task whose step draws noise of its own (MNIST's dropout) fuses on the counter stream only."""
+
+    def fuse_refusal(self, *data_streams: str) -> str | None:
+        """Why runs of this task on these data streams cannot train fused, in one line naming the
+        fix; None where they can."""
+        if not self.fused_streams:
+            return f"the {self.name} task has no fused training step; set fuse = 1 for {self.name}"
+        if not set(data_streams) <= set(self.fused_streams):
+            return (
+                f"fused {self.name} draws every member's randomness from its counter stream: set "
+                'data_stream = "counter", or fuse = 1 (a run made before counter streams draws its '
+                "dropout from torch's global generator)"
+            )
+        return None
 
     @property
     def name(self) -> str:

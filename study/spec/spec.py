@@ -84,6 +84,7 @@ from pydantic import ValidationError
 
 from ponder.config import CONFIGS, ConfigError, TaskConfig
 from ponder.metrics import SET_LIST_METRICS, SET_METRICS, TRAIN_METRICS, eval_set_names
+from ponder.tasks import get_task
 from study.spec.models import (
     SAMPLERS,
     Range,
@@ -396,8 +397,11 @@ def _cross_checked(doc: Any, raw: dict[str, Any], name: str, text: str) -> Study
             f"device {device!r} needs resources.gpu > 0: Ray hides the GPUs from a trial "
             'that asks for none; set [resources] gpu, or device = "auto"',
         )
-    if doc.resources.fuse > 1 and task != "parity":
-        _fail("resources.fuse", f"fused training supports the parity task only; set fuse = 1 for {task}")
+    if doc.resources.fuse > 1:  # a fused step, on every data stream the trials may draw from
+        searched = next((d.values or () for d in space if d.name == "data_stream"), None)
+        streams = searched or (fixed.get("data_stream", _field_default(task, "data_stream")),)
+        if (refusal := get_task(task).fuse_refusal(*map(str, streams))) is not None:
+            _fail("resources.fuse", refusal)
     return StudySpec(
         name=name,
         task=task,

@@ -486,10 +486,19 @@ def test_a_metric_on_a_set_some_corners_lack_is_refused() -> None:
     assert parse_spec(ok, "all-corners").scheduler.metric == "extrapolation/halted_accuracy"
 
 
-def test_fused_mnist_is_refused_until_its_convolution_is_fused() -> None:
+def test_fused_mnist_is_a_spec_of_the_counter_stream_only() -> None:
+    """Fused MNIST draws every member's dropout masks from its counter stream (the default): a spec
+    fixing or searching the generator stream (runs made before counter streams) is refused."""
     source = load_spec("mnist").source.replace("[resources]", "[resources]\nfuse = 4")
-    with pytest.raises(SpecError, match=r"^resources.fuse: fused training supports the parity task only"):
-        parse_spec(source, "mnist-fused")
+    assert parse_spec(source, "mnist-fused").resources.fuse == 4
+    refused = r'^resources.fuse: fused mnist draws every member.s randomness .*set data_stream = "counter"'
+    fixed = source.replace("[config]\n", '[config]\ndata_stream = "generator"\n')
+    searched = source.replace(
+        "[search]", '[space.data_stream]\nvalues = ["counter", "generator"]\n\n[search]'
+    )
+    for text in (fixed, searched):
+        with pytest.raises(SpecError, match=refused):
+            parse_spec(text, "mnist-fused")
 
 
 def test_a_bad_name_is_refused() -> None:
