@@ -1,10 +1,12 @@
 """The same study run fused and unfused for a fixed wall time: member-iterations trained per second.
 
 A study of 15-element parity at the default shapes (hidden 64, batch 128, max_steps 4-20 searched,
-lambda_p and beta searched, ASHA on) is started by the real command (``ponder-study run``, its own
-local Ray instance, the progress table off) and stopped with Ctrl-C after ``--seconds``. What it
-trained is read back from its history Parquet: each trial's last reported iteration, summed over
-trials (reports and evaluations included, iterations past a trial's last report not counted).
+lambda_p and beta searched, ASHA on), or with ``--task mnist`` of MNIST at the shipped mnist spec's
+(batch 128, hidden 64, max_steps 2-12, no rotated sets), is started by the real command
+(``ponder-study run``, its own local Ray instance, the progress table off) and stopped with
+Ctrl-C after ``--seconds``. What it trained is read back from its history Parquet: each trial's
+last reported iteration, summed over trials (reports and evaluations included, iterations past a
+trial's last report not counted).
 
 - unfused: ``[resources] cpu = 1`` a trial, two at a time (the CPU default), or with ``--gpu F``
   a fraction F of the GPU a trial (0.25: four packed on one GPU);
@@ -22,6 +24,7 @@ own), and the CPU seconds the machine had left idle: where a study's cores go.
 
     .venv/bin/python bench/fused_throughput.py --seconds 120 --fuse 8
     .venv/bin/python bench/fused_throughput.py --seconds 120 --fuse 256 --gpu 0.25 --num-samples 1024
+    .venv/bin/python bench/fused_throughput.py --task mnist --seconds 120 --fuse 64 --gpu 0.25
 
 ``--to-end`` runs the fused study alone until it finishes (``--seconds`` its limit) and prints its
 wall time: 256 trials x 5,000 iterations with ASHA on one GPU (a step of bench/gpu_checks.sh) is
@@ -50,8 +53,14 @@ REPO = Path(__file__).resolve().parents[1]
 NAME = "fused-bench"
 
 
+TASKS = {  # each task's [config] and max_steps range: parity-15's defaults, the shipped mnist spec's
+    "parity": ('task = "parity"\n[config]\nn_elems = 15', (4, 20)),
+    "mnist": ('task = "mnist"\n[config]\neval_rotations = []', (2, 12)),
+}
+
+
 def spec_text(args: argparse.Namespace, fused: bool) -> str:
-    """The study: parity-15 at the default shapes, ``num_samples`` trials, fused or not."""
+    """The study: ``--task`` at its default shapes, ``num_samples`` trials, fused or not."""
     if fused:
         group_cpus = 1 if args.gpu else args.group_cpus
         resources = f"cpu = {group_cpus}\ngpu = {1 if args.gpu else 0}\nfuse = {args.fuse}"
@@ -62,10 +71,9 @@ def spec_text(args: argparse.Namespace, fused: bool) -> str:
     else:
         resources = "cpu = 1\ngpu = 0"
         at_once = args.cpus
+    config, (low, high) = TASKS[args.task]
     return f"""description = "fused-throughput bench"
-task = "parity"
-[config]
-n_elems = 15
+{config}
 iterations = {args.iterations}
 eval_interval = 250
 [space.lambda_p]
@@ -76,8 +84,8 @@ low = 1e-4
 high = 0.1
 log = true
 [space.max_steps]
-low = 4
-high = 20
+low = {low}
+high = {high}
 [search]
 seed = {args.seed}
 num_samples = {args.num_samples}
@@ -170,6 +178,9 @@ def run_for(args: argparse.Namespace, fused: bool, where: Path) -> Run:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--seconds", type=float, default=120, help="wall time of each run, Ray's start included")
+    p.add_argument(
+        "--task", choices=sorted(TASKS), default="parity", help="the study's task (default parity)"
+    )
     p.add_argument("--fuse", type=int, default=8, help="K: trials a fused group trains as one model")
     p.add_argument("--cpus", type=int, default=os.cpu_count() or 1, help="CPUs the study may use")
     p.add_argument("--group-cpus", type=int, default=1, help="CPUs (torch threads) of each fused group")

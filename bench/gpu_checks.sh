@@ -4,7 +4,8 @@
 #      fused members against plain runs, eager and compiled; checkpoints across devices), a whole
 #      fused study against four packed trials for 60 s each (bench/fused_throughput.py: member-
 #      iterations a second and their ratio), 256 trials x 5,000 iterations with ASHA to the end
-#      (its wall time), then the fused step's speed (bench/fused_speed.py, eager and compiled);
+#      (its wall time), then the fused step's speed (bench/fused_speed.py, eager and compiled), and
+#      the same for fused MNIST (a study against four packed trials, the step's speed);
 #   2. a parity-smoke study with a quarter of the GPU per trial (four trials at once), its
 #      status, and `evaluate` of its best trial on the GPU and on the CPU;
 #   3. bench/iteration_speed.py --device cuda: reference, eager, compiled (CUDA graphs), compiled without;
@@ -17,7 +18,8 @@
 # OUT_DIR (default results/gpu-checks), the figures at the end of each. With 15 minutes of device
 # time (a machine's start included), run the fused steps in two calls that each leave time to
 # rerun: GPU_CHECKS_ONLY='unit-tests|fused-throughput' (about 5 min), then
-# GPU_CHECKS_ONLY='fused-study-256|fused-speed|fused-speed-compiled' (about 5 min).
+# GPU_CHECKS_ONLY='fused-study-256|fused-speed|fused-speed-compiled' (about 5 min); fused MNIST:
+# GPU_CHECKS_ONLY='fused-mnist-throughput|fused-mnist-speed' (about 4 min).
 #
 #   bash bench/gpu_checks.sh [OUT_DIR]
 # PYTHON=... picks the interpreter (default: .venv's, else python3); GPU_CHECKS_BUDGET_S the whole
@@ -68,6 +70,9 @@ step fused-throughput 200 "$PYTHON" bench/fused_throughput.py --gpu 0.25 --fuse 
 step fused-study-256 330 "$PYTHON" bench/fused_throughput.py --to-end --gpu 1 --fuse 256 --num-samples 256 --iterations 5000 --seconds 300
 step fused-speed 100 "$PYTHON" bench/fused_speed.py --device cuda --iters 20 --rounds 2 --ks 1,64,256,1024
 step fused-speed-compiled 150 "$PYTHON" bench/fused_speed.py --device cuda --compile --iters 20 --rounds 2 --ks 16,256 --max-steps 4-20
+# fused MNIST (docs/fused.md, "Fused MNIST"): a study against four packed trials, then its step
+step fused-mnist-throughput 200 "$PYTHON" bench/fused_throughput.py --task mnist --gpu 0.25 --fuse 64 --num-samples 256 --seconds 60
+step fused-mnist-speed 100 "$PYTHON" bench/fused_speed.py --task mnist --device cuda --iters 10 --rounds 2 --ks 1,8,64
 
 SPEC="$OUT_DIR/parity-gpu-quarter.toml"
 "$PYTHON" - "$SPEC" <<'EOF'
