@@ -371,9 +371,8 @@ class FusedTrainer:
         self._settle(self.slots)  # one read: every member's iteration and NaN count
         waited = (time.perf_counter() - start) / len(trained)  # the device's queue caught up: their time
         for slot in trained:
-            self._members[slot].trainer.train_time_s += waited
-        for slot in trained:
             trainer = self._members[slot].trainer
+            trainer.train_time_s += waited
             cfg = trainer.config
             if trainer.nan_events > cfg.max_nan_events:
                 trainer.outcome = "diverged"
