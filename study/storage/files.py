@@ -1,6 +1,12 @@
 """Whole files on any storage root: read in one go, replaced atomically (a reader sees the old
 version or the new one, never half a file), created only where absent.
 
+Atomic is not durable: a file renamed into place survives a kill of the process at any instant
+(the kernel holds what was written), but only a file synced to the disk (``durable=True``, the
+default: ``fsync`` before the rename) survives a crash of the machine. The study syncs the records
+a crash must not lose and leaves the rest to the kernel (docs/resume.md, "What a kill or a crash
+may cost"). On an object store every write is one PUT, durable when it returns.
+
 Paths are those of `study.storage.filesystems` (a local path, a ``file://`` URI or an object store's).
 """
 
@@ -8,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -89,56 +96,68 @@ def parquet_from_bytes(data: bytes) -> pa.Table:
     return pq.ParquetFile(pa.BufferReader(data)).read(use_threads=len(data) > 1 << 20)
 
 
-def write_bytes(uri: str, data: bytes) -> None:
-    """Replace the file atomically: temporary file then rename locally, one PUT on object stores."""
-    _write(*resolve(uri), data)
+def write_bytes(uri: str, data: bytes, *, durable: bool = True) -> None:
+    """Replace the file atomically: temporary file then rename locally, one PUT on object stores.
+    ``durable``: synced to the disk once in place (see the module docstring)."""
+    _write(*resolve(uri), data, durable=durable)
 
 
-def _durable_temporary(path: str, data: bytes) -> str:
-    """``data`` in a new temporary file beside ``path``, on disk (fsynced): the first half of a
-    write no reader can see torn. The caller renames or links it into place."""
+def _placed(path: str, data: bytes, place: Callable[[str], bool], durable: bool) -> bool:
+    """Write ``data`` to a new temporary file beside ``path``, put it in place with ``place(tmp)``
+    (a rename or a link: False when it would not), then, if ``durable``, sync it with one
+    ``fsync`` of the file: on a journaling filesystem (ext4, XFS) the commit that makes its bytes
+    durable also makes its new name durable, which a sync before the rename would leave to the
+    next commit. Returns what ``place`` returned."""
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = temporary_beside(path)  # the mode a plain open gives, not mkstemp's 0600
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
-            os.fsync(f.fileno())
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return tmp
+            placed = place(tmp)
+            if placed and durable:
+                os.fsync(f.fileno())
+        return placed
+    finally:
+        Path(tmp).unlink(missing_ok=True)  # a link's other name, or what a failed rename left
 
 
-def _write(fs: pafs.FileSystem, path: str, data: bytes) -> None:
-    if isinstance(fs, pafs.LocalFileSystem):
-        tmp = _durable_temporary(path, data)
+def _rename(path: str) -> Callable[[str], bool]:
+    def rename(tmp: str) -> bool:
+        os.replace(tmp, path)
+        return True
+
+    return rename
+
+
+def _link(path: str) -> Callable[[str], bool]:
+    def link(tmp: str) -> bool:
         try:
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+            os.link(tmp, path)
+        except FileExistsError:
+            return False
+        return True
+
+    return link
+
+
+def _write(fs: pafs.FileSystem, path: str, data: bytes, durable: bool = True) -> None:
+    if isinstance(fs, pafs.LocalFileSystem):
+        _placed(path, data, _rename(path), durable)
         return
     with fs.open_output_stream(path) as f:
         f.write(data)
 
 
-def create_bytes(uri: str, data: bytes) -> bool:
+def create_bytes(uri: str, data: bytes, *, durable: bool = True) -> bool:
     """Write the file only if it does not exist; returns whether this call created it.
 
     Locally the bytes go to a temporary file hard-linked into place, which fails if the name
     exists: create-if-absent and never torn. On an object store the check and the PUT are two
-    requests; the study's lease keeps a second writer away."""
+    requests; the study's lease keeps a second writer away. ``durable`` as for `write_bytes`."""
     fs, path = resolve(uri)
     if isinstance(fs, pafs.LocalFileSystem):
-        tmp = _durable_temporary(path, data)
-        try:
-            os.link(tmp, path)
-        except FileExistsError:
-            return False
-        finally:
-            Path(tmp).unlink(missing_ok=True)
-        return True
+        return _placed(path, data, _link(path), durable)
     if file_size(fs, path) is not None:
         return False
     _write(fs, path, data)
