@@ -3,21 +3,26 @@
 Tune's saved experiment state lags (saved every few seconds and before each new trial), so after
 a kill it can hold as pending or running a trial that had ended. One end record per trial,
 ``studies/<name>/ended/<trial_id>.json``, is written the moment the trial ends (by the study's
-scheduler, which Tune tells before the searcher and the callbacks), after its reports are saved,
-and never replaced (create-if-absent). It holds what a resume needs to replay the end into Tune,
-Optuna and ASHA, and a reader to show the trial: outcome, config, last report and final
-checkpoint (relative to the storage root, so it stays true when the study is copied or moved).
+scheduler, which Tune tells before the searcher and the callbacks), and never replaced
+(create-if-absent). It is the one write of a trial's end that is synced to the disk, and it holds
+everything a resume needs to replay that end into Tune, Optuna and ASHA, and a reader to show the
+trial: on its first line the record (outcome, config, last report, final checkpoint relative to
+the storage root so that it stays true when the study is copied or moved, the trial's state in
+ASHA), then every report the trial made, one JSON object a line, as Tune's ``result.json`` holds
+them. Nothing else the end writes needs syncing: all of it is replayed from this record.
 
-Studies started before end records keep ``ended.json`` (trial id -> checkpoint) and ASHA's stops
-in ``asha.json``; `read_end_records` reads those too.
+Studies started before: a record as one indented JSON object, the reports apart in
+``reports/<trial_id>.jsonl``; before end records, ``ended.json`` (trial id -> checkpoint) and
+ASHA's stops in ``asha.json``. `read_end_records` and `read_reports` read those too.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import tomllib
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,11 +30,19 @@ from typing import Any
 import pyarrow.fs as pafs
 
 from ponder.config import CONFIGS, STORED_DEFAULTS, fields_of
-from study.records.asha_state import read_state
+from study.records.asha_state import Change, read_state
 from study.records.parquet import parse_result_lines
 from study.spec.spec import StudySpec, parse_spec
 from study.spec.toml import rewritten_source, toml_value
-from study.storage.storage import StudyPaths, create_bytes, read_bytes, read_json, resolve, trial_reports
+from study.storage.files import file_size
+from study.storage.storage import (
+    StudyPaths,
+    create_bytes,
+    read_bytes,
+    read_json,
+    resolve,
+    trial_reports,
+)
 
 
 class StudyError(RuntimeError):
@@ -74,6 +87,7 @@ __all__ = [
     "load_study_spec",
     "read_end_record",
     "read_end_records",
+    "read_ended",
     "read_reports",
     "relative_to_root",
     "with_config_defaults",
@@ -86,7 +100,9 @@ END_OUTCOMES = ("completed", "early_stopped", "diverged")
 
 @dataclass(frozen=True)
 class EndRecord:
-    """How one trial ended. ``checkpoint`` is relative to the storage root when it lies under it."""
+    """How one trial ended. ``checkpoint`` is relative to the storage root when it lies under it;
+    ``asha``: the trial's state in ASHA when it ended (`study.records.asha_state` changes: its
+    bracket, its rung values, its stop), replayed by a resume that finds ``asha.json`` behind."""
 
     trial_id: str
     outcome: str
@@ -94,13 +110,17 @@ class EndRecord:
     config: Mapping[str, Any] = field(default_factory=dict)
     last_result: Mapping[str, Any] = field(default_factory=dict)
     checkpoint: str | None = None
+    asha: Sequence[Change] = ()
 
     def to_json(self) -> bytes:
-        return json.dumps(asdict(self), indent=1, sort_keys=True, default=str).encode()
+        """The record as one line of JSON (compact: the C encoder; no newline inside)."""
+        return json.dumps(asdict(self), sort_keys=True, separators=(",", ":"), default=str).encode()
 
     @classmethod
     def from_json(cls, data: bytes) -> EndRecord:
-        raw = json.loads(data)
+        """The record of an end record file: its first line, or (a record written before reports
+        were kept in it) the whole file, one indented JSON object."""
+        raw = _first_object(data)
         return cls(
             trial_id=str(raw["trial_id"]),
             outcome=str(raw["outcome"]),
@@ -108,7 +128,26 @@ class EndRecord:
             config=dict(raw.get("config") or {}),
             last_result=dict(raw.get("last_result") or {}),
             checkpoint=raw.get("checkpoint"),
+            asha=[list(c) for c in raw.get("asha") or ()],
         )
+
+
+def _first_object(data: bytes) -> dict[str, Any]:
+    first, newline, _ = data.partition(b"\n")
+    if newline and first.startswith(b"{") and first.endswith(b"}"):
+        with contextlib.suppress(ValueError):
+            raw: dict[str, Any] = json.loads(first)
+            return raw
+    whole: dict[str, Any] = json.loads(data)  # an older record: indented, over many lines
+    return whole
+
+
+def _inline_reports(data: bytes) -> bytes | None:
+    """The report lines after an end record's first line (None: a record that keeps none)."""
+    first, newline, rest = data.partition(b"\n")
+    if not newline or not (first.startswith(b"{") and first.endswith(b"}")):
+        return None  # an older record, one indented object: its reports are in reports/
+    return rest
 
 
 def relative_to_root(root_fs_path: str, path: str | None) -> str | None:
@@ -119,20 +158,24 @@ def relative_to_root(root_fs_path: str, path: str | None) -> str | None:
     return path[len(root) :] if path.startswith(root) else path
 
 
-def write_end_record(paths: StudyPaths, record: EndRecord) -> bool:
-    """Write the trial's end record unless one exists; returns whether this call wrote it.
+def write_end_record(paths: StudyPaths, record: EndRecord, reports: bytes = b"") -> bool:
+    """Write the trial's end record, with its ``reports`` (Tune's ``result.json``: one JSON object
+    a line) after it, unless one exists; returns whether this call wrote it.
 
     Create-if-absent: the first end is the truth (a restored trial that ends again at once, or a
     second writer, never replaces it). A torn write is impossible: the bytes go to a temporary
-    file that is renamed into place (one PUT on an object store)."""
+    file that is linked into place (one PUT on an object store), then synced to the disk: the one
+    sync of a trial's end, which everything the end writes after it relies on."""
     if record.outcome not in END_OUTCOMES:
         raise ValueError(f"outcome {record.outcome!r} is not one of {END_OUTCOMES}")
-    return create_bytes(paths.end_record(record.trial_id), record.to_json())
+    lines = b"".join(line + b"\n" for line in reports.splitlines() if line.strip())
+    return create_bytes(paths.end_record(record.trial_id), record.to_json() + b"\n" + lines)
 
 
 def has_ended(paths: StudyPaths, trial_id: str) -> bool:
     """Whether the trial ended for good: what the trainable checks before it trains."""
-    if read_bytes(paths.end_record(trial_id)) is not None:
+    fs, path = resolve(paths.end_record(trial_id))
+    if file_size(fs, path) is not None:  # its size alone: the record and its reports are not read
         return True
     # a study from before end records keeps its stops in asha.json itself; a later stop has an
     # end record, so ASHA's change log (or FOLD_EVERY objects) need not be read at every start
@@ -149,11 +192,30 @@ def read_end_record(paths: StudyPaths, trial_id: str) -> EndRecord | None:
         return None
 
 
+def read_ended(paths: StudyPaths, trial_id: str) -> tuple[EndRecord | None, list[dict[str, Any]]]:
+    """The trial's end record (None if it has none) and its reports (`read_reports`), from one
+    read of the record."""
+    data = read_bytes(paths.end_record(trial_id))
+    try:
+        record = EndRecord.from_json(data) if data is not None else None
+    except (ValueError, KeyError, TypeError):
+        record, data = None, None
+    inline = _inline_reports(data) if data is not None else None
+    if not inline:
+        return record, read_reports(paths, trial_id) if record is not None else []
+    return record, parse_result_lines(inline.decode())
+
+
 def read_reports(paths: StudyPaths, trial_id: str) -> list[dict[str, Any]]:
-    """The reports the trial saved when it ended (`study.storage.storage.save_reports`), oldest
-    first; none if it saved none."""
-    data = read_bytes(trial_reports(paths.reports_dir, trial_id))
-    return parse_result_lines(data.decode()) if data is not None else []
+    """The reports the trial made, oldest first, as its end record keeps them (or, for a trial
+    that ended before end records kept them, as `study.storage.storage.save_reports` saved them
+    apart); none if it has none."""
+    data = read_bytes(paths.end_record(trial_id))
+    inline = _inline_reports(data) if data is not None else None
+    if not inline:  # an older record, or none: the reports saved apart, if any
+        data = read_bytes(trial_reports(paths.reports_dir, trial_id))
+        inline = data if data is not None else b""
+    return parse_result_lines(inline.decode())
 
 
 def _listed_end_records(paths: StudyPaths) -> tuple[pafs.FileSystem, list[pafs.FileInfo]]:

@@ -20,6 +20,7 @@ from ray import tune
 from ray.tune.experiment import Trial
 from ray.tune.search import ConcurrencyLimiter
 
+from study.records.records import EndRecord
 from study.records.truth import StudyTruth
 from study.run.export import ParquetCallback
 from study.search import ray_private
@@ -27,7 +28,7 @@ from study.search.scheduler import PersistentASHA, SnapshotBeforeStart
 from study.search.search import DivergenceAwareOptunaSearch, SamplerRecipe
 from study.storage.storage import CHECKPOINT_FILE
 
-__all__ = ["attach_reported_checkpoint", "replay_records", "replaying_records"]
+__all__ = ["attach_reported_checkpoint", "replay_asha", "replay_records", "replaying_records"]
 
 log = logging.getLogger("ponder-study")
 
@@ -110,8 +111,8 @@ def replay_records(controller: Any, trials: list[Trial], truth: StudyTruth) -> N
             if trial.status != Trial.TERMINATED and attach_reported_checkpoint(trial):
                 log.info("trial %s continues from the checkpoint of its last report", trial.trial_id)
             continue
-        if end.outcome == "early_stopped" and isinstance(scheduler, PersistentASHA):
-            scheduler.replay_stop(trial.trial_id)
+        if isinstance(scheduler, PersistentASHA):
+            replay_asha(scheduler, end)
         if trial.status == Trial.TERMINATED and spec.metric in (trial.last_result or {}):
             continue
         trial.set_status(Trial.TERMINATED)  # type: ignore[no-untyped-call]
@@ -137,6 +138,15 @@ def replay_records(controller: Any, trials: list[Trial], truth: StudyTruth) -> N
     # Tune saved and those that ended without Tune saving it (Tune's own count, from the
     # searcher's file saved apart from the trials', can count a trial neither file holds)
     ray_private.set_trial_count(search_alg, spec.search.num_samples, len(known | set(ends)))
+
+
+def replay_asha(scheduler: PersistentASHA, end: EndRecord) -> None:
+    """An ended trial's state in ASHA, from its end record, where ``asha.json`` lacks it: its
+    bracket, rung values and stop (a record written before it kept them: its stop alone)."""
+    if end.asha:
+        scheduler.replay(list(end.asha))
+    elif end.outcome == "early_stopped":
+        scheduler.replay_stop(end.trial_id)
 
 
 @contextlib.contextmanager

@@ -6,8 +6,8 @@ resume new trials would be judged against nothing and a trial ASHA had stopped c
 change (``asha.json`` and the changes appended since, `study.records.asha_state`), and reads them back
 when the restored study adds its trials.
 
-A stop is recorded once Tune has logged the report ASHA stopped the trial on, and after the
-trial's reports are saved (`on_trial_complete`), never before: a resume never trains a stopped
+A stop is recorded once Tune has logged the report ASHA stopped the trial on, in the trial's end
+record with its reports (`on_trial_complete`), never before: a resume never trains a stopped
 trial again, so its reports must outlive a driver killed at that moment.
 
 Both schedulers a study uses (`PersistentASHA`, or `SnapshotBeforeStart` itself, first in first
@@ -15,8 +15,8 @@ out, without early stopping) do two things for the study's records, because Tune
 scheduler of a trial's end before the searcher and the callbacks, and asks it before trials
 start:
 
-- the end of a trial is written first of all, as its end record (`study.records.records`), after its
-  reports are saved;
+- the end of a trial is written first of all, as its end record (`study.records.records`), which
+  holds its reports and its state in ASHA: the one write of the end synced to the disk;
 - before any trial Tune has not saved can start, its state as Tune would save it is written to
   the study (``studies/<name>/started/<trial_id>.json``, one small file per trial): a resume adds
   the trials Tune's saved state lacks from these (`study.run.tune_state.merge_started_trials`). Tune's
@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ray.tune.experiment import Trial
@@ -36,12 +37,12 @@ from ray.tune.schedulers import AsyncHyperBandScheduler, FIFOScheduler, TrialSch
 from study.records.asha_state import STATE_VERSION, Change, fold_log, read_state, save_changes
 from study.records.records import EndRecord, relative_to_root, write_end_record
 from study.search import ray_private
-from study.storage.storage import StudyPaths, create_bytes, save_reports
+from study.storage.storage import StudyPaths, create_bytes
 
 if TYPE_CHECKING:
     from ray.tune.execution.tune_controller import TuneController
 
-__all__ = ["PersistentASHA", "SnapshotBeforeStart", "record_started", "stopped_trials"]
+__all__ = ["PersistentASHA", "SnapshotBeforeStart", "record_started", "staged_reports", "stopped_trials"]
 
 
 def stopped_trials(state_uri: str) -> set[str]:
@@ -68,12 +69,31 @@ def _outcome(trial: Trial, result: dict[str, Any] | None, stopped: bool) -> str:
 def record_started(paths: StudyPaths, trial: Trial) -> None:
     """Write the trial's state as Tune saves it in its experiment state (the pair of its JSON
     state and its run metadata), create-if-absent: the first, taken before it ever started, is
-    the one a resume needs (Tune's restore starts it again from its saved checkpoint, if any)."""
+    the one a resume needs (Tune's restore starts it again from its saved checkpoint, if any).
+    Not synced to the disk: a crash that loses it costs what a kill before it costs (Optuna's
+    trial, asked for it, goes to the next new trial), and it is a write at every trial's start."""
     state, metadata = trial.get_json_state()
     create_bytes(
         paths.started_record(trial.trial_id),
         json.dumps({"trial_id": trial.trial_id, "trial_data": [state, metadata]}).encode(),
+        durable=False,
     )
+
+
+def staged_reports(trial: Trial) -> bytes:
+    """The trial's reports as Tune's JSON logger wrote them in the driver's staging directory
+    (``result.json``, one JSON object a line: current, where the storage's copy lags); empty
+    for a trial without a directory or reports (a restored trial that had ended)."""
+    try:
+        local_dir = trial.local_path
+    except (AttributeError, RuntimeError):  # Tune's trial without a directory yet
+        return b""
+    if not local_dir:
+        return b""
+    try:
+        return Path(local_dir, "result.json").read_bytes()
+    except OSError:
+        return b""
 
 
 class SnapshotBeforeStart(FIFOScheduler):
@@ -121,11 +141,10 @@ class SnapshotBeforeStart(FIFOScheduler):
         super().on_trial_complete(tune_controller, trial, result)
 
     def _record_end(self, trial: Trial, result: dict[str, Any] | None, stopped: bool) -> None:
-        """The trial's reports, then its end record (create-if-absent: a restored trial that had
-        ended keeps its first record)."""
+        """The trial's end record with its reports and its state in ASHA (create-if-absent: a
+        restored trial that had ended keeps its first record)."""
         if self.paths is None:
             return
-        save_reports(trial, self.paths.reports_dir)
         # Tune's own last result (nested, as its table reads it); schedulers are handed a flat copy
         last = dict(trial.last_result or {}) or _nest_config(result or {})
         checkpoint = trial.checkpoint
@@ -140,8 +159,14 @@ class SnapshotBeforeStart(FIFOScheduler):
                 checkpoint=relative_to_root(
                     self.paths.root_fs_path, checkpoint.path if checkpoint is not None else None
                 ),
+                asha=self._asha_of(trial.trial_id, stopped),
             ),
+            staged_reports(trial),
         )
+
+    def _asha_of(self, trial_id: str, stopped: bool) -> list[Change]:
+        """The trial's state in ASHA, as changes a resume can replay (none without early stopping)."""
+        return []
 
 
 class PersistentASHA(SnapshotBeforeStart, AsyncHyperBandScheduler):
@@ -267,14 +292,25 @@ class PersistentASHA(SnapshotBeforeStart, AsyncHyperBandScheduler):
         self, tune_controller: TuneController, trial: Trial, result: dict[str, Any]
     ) -> None:
         stopping = trial.trial_id in self._stopping
-        self._record_end(trial, result, stopped=stopping)  # first of all
         before = self._rungs_of(trial.trial_id)
         AsyncHyperBandScheduler.on_trial_complete(self, tune_controller, trial, result)
         changes = self._rung_changes(trial.trial_id, before)
+        # the first write of the end, with the trial's rungs as ASHA now holds them: only the
+        # memory above changed before it, which a kill takes with it
+        self._record_end(trial, result, stopped=stopping)
         if stopping:
             self._record_stop(trial, changes)
         else:
             self._save(changes)
+
+    def _asha_of(self, trial_id: str, stopped: bool) -> list[Change]:
+        changes: list[Change] = []
+        if trial_id in self._assigned:
+            changes.append(["assign", trial_id, self._assigned[trial_id]])
+        changes += [["rung", i, m, trial_id, v] for (i, m), v in self._rungs_of(trial_id).items()]
+        if stopped:
+            changes.append(["stop", trial_id])
+        return changes
 
     def on_trial_remove(self, tune_controller: TuneController, trial: Trial) -> None:
         super().on_trial_remove(tune_controller, trial)
@@ -290,8 +326,26 @@ class PersistentASHA(SnapshotBeforeStart, AsyncHyperBandScheduler):
 
     def replay_stop(self, trial_id: str) -> None:
         """A stop the end records hold and ``asha.json`` may not (a kill between the two)."""
+        self.replay([["stop", trial_id]])
+
+    def replay(self, changes: list[Change]) -> None:
+        """An ended trial's state in ASHA as its end record holds it (`_asha_of`), applied where
+        ``asha.json`` lacks it (a crash before the log reached the disk); each change only adds,
+        so applying one twice changes nothing."""
         if not self._loaded:
             self._load()
-        if trial_id not in self._stopped:
-            self._stopped.add(trial_id)
-            self._save([["stop", trial_id]])
+        missing: list[Change] = []
+        for change in changes:
+            if change[0] == "assign" and change[1] not in self._assigned:
+                self._assigned[change[1]] = int(change[2])
+                missing.append(change)
+            elif change[0] == "rung":
+                _, bracket, milestone, trial_id, value = change
+                for m, recorded in self._brackets[bracket]._rungs:
+                    if m == milestone and trial_id not in recorded:
+                        recorded[trial_id] = value
+                        missing.append(change)
+            elif change[0] == "stop" and change[1] not in self._stopped:
+                self._stopped.add(change[1])
+                missing.append(change)
+        self._save(missing)

@@ -8,18 +8,20 @@ A study named N under the storage root R::
                                    store, a copy of the driver's local journal (`journal_cache`)
     R/studies/N/asha.json          ASHA's rungs and the trials it stopped (Ray does not keep them);
                                    locally, the changes since are in asha.json.log (study.records.asha_state)
-    R/studies/N/ended/T.json       how trial T ended (outcome, config, last report, checkpoint),
-                                   written once when it ends: the record a resume and every reader
-                                   trust even when Tune's own state lags behind it (`study.records.records`)
+    R/studies/N/ended/T.json       how trial T ended (outcome, config, last report, checkpoint,
+                                   its state in ASHA), then its reports: written once when it ends,
+                                   the record a resume and every reader trust even when Tune's own
+                                   state lags behind it (`study.records.records`)
     R/studies/N/lease.json         who runs the study now (host, pid, since when), `study.run.lease`
-    R/studies/N/reports/T.jsonl    trial T's reports, saved before a ledger records T's end
-                                   (Tune's copy of them lags, and a resume can empty it)
+    R/studies/N/parquet.json       how current the study's Parquet is (`study.run.live_parquet`)
+    R/studies/N/reports/T.jsonl    trial T's reports, in a study whose end records did not keep them
     R/studies/N/started/T.json     Tune's state of trial T, written before T starts (a resume
                                    adds it to Tune's saved state if that lags)
-    R/trials/study=N/trials.parquet    one row per trial (those final when the study was compacted)
-    R/trials/study=N/trial-T.parquet   trial T's row, written once when T ended after that
-    R/history/study=N/history.parquet  one row per trial per report, as trials.parquet
-    R/history/study=N/trial-T.parquet  trial T's reports, as trial-T.parquet above
+    R/trials/study=N/trials.parquet    one row per final trial (as of the last refresh)
+    R/trials/study=N/trial-T.parquet   trial T's row while it is not final (errored, running)
+    R/history/study=N/history.parquet  one row per report of the final trials when compacted
+    R/history/study=N/trial-B.parquet  the reports of the trials that became final since, a file
+                                       per refresh (B: `batch-...`), or of a trial not final (B: T)
 """
 
 from __future__ import annotations
@@ -139,6 +141,11 @@ class StudyPaths:
     def fragment(self, kind: str, trial_id: str) -> str:
         """One trial's rows of the ``trials`` or ``history`` dataset, written when it ends."""
         return join(self.table_dir(kind), self.fragment_name(trial_id))
+
+    @property
+    def parquet_state(self) -> str:
+        """How current the study's Parquet is: when it was last written, and what it held."""
+        return join(self.study_dir, "parquet.json")
 
     @property
     def started_dir(self) -> str:

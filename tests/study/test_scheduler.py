@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from ray.tune.schedulers import TrialScheduler
 
-from study.records.records import read_end_records
+from study.records.records import read_end_records, read_reports
 from study.search.scheduler import PersistentASHA, stopped_trials
 from study.storage.storage import StudyPaths
 
@@ -109,10 +109,11 @@ def test_reaching_the_budget_is_not_an_early_stop(tmp_path: Path) -> None:
 
 def test_a_stop_is_saved_after_the_trials_reports(tmp_path: Path) -> None:
     """ASHA's stop reaches asha.json only when Tune completes the trial, after it logged the
-    report ASHA stopped it on, and the trial's reports are saved first, then its end record: a
-    resume never trains a stopped trial again, so a kill in between must not lose them."""
+    report ASHA stopped it on, and the trial's end record, with its reports and its state in
+    ASHA, is written first: a resume never trains a stopped trial again, so a kill in between
+    must not lose them."""
     paths = StudyPaths(str(tmp_path), "s")
-    state, reports = Path(paths.asha), Path(paths.reports_dir)
+    state = Path(paths.asha)
     staging = tmp_path / "staging"
     staging.mkdir()
     s = _asha(state, paths=paths)
@@ -127,10 +128,12 @@ def test_a_stop_is_saved_after_the_trials_reports(tmp_path: Path) -> None:
     (staging / "result.json").write_text(lines)  # what Tune's JSON logger does next
     s.on_trial_complete(None, b, {"iteration": 10, "acc": 0.1})  # type: ignore[arg-type]
     assert stopped_trials(str(state)) == {"b"}
-    assert (reports / "b.jsonl").read_text() == lines
+    assert read_reports(paths, "b") == [{"iteration": 10, "acc": 0.1}]
+    assert not Path(paths.reports_dir).exists()  # kept in the end record, not apart
     end = read_end_records(paths)["b"]
     assert (end.outcome, end.iteration, end.config) == ("early_stopped", 10, {"lambda_p": 0.2})
     assert end.last_result == {"config": {"lambda_p": 0.2}, "iteration": 10}  # Tune's, nested
+    assert end.asha == [["assign", "b", 0], ["rung", 0, 10, "b", 0.1], ["stop", "b"]]
     # a new scheduler (a resume) still stops it
     again = _asha(state, paths=paths)
     again.on_trial_add(None, b)  # type: ignore[arg-type]

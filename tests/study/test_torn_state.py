@@ -7,13 +7,13 @@ every state file with every damage, and pairs of files damaged at once."""
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 
 import optuna
 import pytest
 
+from study.records.records import EndRecord
 from study.search.search import TUNE_ID_ATTR, optuna_storage
 from study.spec.spec import load_spec
 from study.storage.storage import StudyPaths
@@ -125,8 +125,8 @@ def ended_trials(storage: Path) -> dict[str, tuple[str, int]]:
     """(outcome, iteration) of every trial with an end record."""
     out = {}
     for path in Path(StudyPaths(str(storage), NAME).ended_dir).glob("*.json"):
-        record = json.loads(path.read_text())
-        out[record["trial_id"]] = (record["outcome"], record["iteration"])
+        record = EndRecord.from_json(path.read_bytes())
+        out[record.trial_id] = (record.outcome, record.iteration)
     return out
 
 
