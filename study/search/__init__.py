@@ -3,6 +3,8 @@
 - `study.search.search`: `param_space`, `make_searcher` (`DivergenceAwareOptunaSearch`, Optuna
   with its journal on disk), `make_scheduler`;
 - `study.search.scheduler`: `PersistentASHA`, whose rungs survive a resume;
+- `study.search.journal`: the Optuna journal as the driver keeps it (`StudyJournal`), mended
+  after a kill (`repair_journal`, `clear_stale_journal_lock`);
 - `study.search.trial_map`: which Tune trial holds which Optuna trial, rebuilt at every resume;
 - `study.search.warmstart`: an earlier study's best configurations as a new study's first trials;
 - `study.search.ray_private`: every reach into Ray's private attributes, in one place.
@@ -26,12 +28,10 @@ if TYPE_CHECKING:
         Reports,
         SamplerRecipe,
         SearcherStateError,
-        clear_stale_journal_lock,
         make_scheduler,
         make_searcher,
         optuna_storage,
         param_space,
-        repair_journal,
         tpe_startup_trials,
     )
 
@@ -44,12 +44,10 @@ __all__ = [
     "Reports",
     "SamplerRecipe",
     "SearcherStateError",
-    "clear_stale_journal_lock",
     "make_scheduler",
     "make_searcher",
     "optuna_storage",
     "param_space",
-    "repair_journal",
     "tpe_startup_trials",
 ]
 

@@ -3,23 +3,23 @@
 from __future__ import annotations
 
 import functools
-import json
 import logging
-import os
+import pickle
 import warnings
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import optuna
-from optuna.storages.journal import JournalFileBackend
 from ray import tune
 from ray.air.constants import TRAINING_ITERATION
 from ray.tune.search import ConcurrencyLimiter
 from ray.tune.search.optuna import OptunaSearch
 
 from study.records.records import EndRecord, StudyError, read_end_record, read_end_records, read_reports
+from study.search.journal import StudyJournal
 from study.search.scheduler import PersistentASHA, SnapshotBeforeStart
 from study.search.trial_map import TUNE_ID_ATTR, map_trials
 from study.spec.spec import Dimension, StudySpec
@@ -34,12 +34,10 @@ __all__ = [
     "Reports",
     "SamplerRecipe",
     "SearcherStateError",
-    "clear_stale_journal_lock",
     "make_scheduler",
     "make_searcher",
     "optuna_storage",
     "param_space",
-    "repair_journal",
     "tpe_startup_trials",
 ]
 
@@ -165,11 +163,13 @@ class DivergenceAwareOptunaSearch(OptunaSearch):
         recipe: SamplerRecipe | None = None,
         warm_start: Sequence[Mapping[str, Any]] = (),
         ends: Mapping[str, EndRecord] | None = None,
+        ask_ahead: bool = True,
     ) -> None:
         """Ray's arguments, in Ray's order, and the study's: ``paths`` (its journal is the
-        storage), the sampler's ``recipe`` (it replaces ``sampler``), ``warm_start``, and the
+        storage), the sampler's ``recipe`` (it replaces ``sampler``), ``warm_start``, the
         study's end records when the caller has read them (`study.records.truth`; else they are
-        read when the study is set up)."""
+        read when the study is set up), and ``ask_ahead`` (`_ask_ahead`: off, each trial is
+        asked for when Tune wants it)."""
         if storage is not None:
             raise TypeError(
                 f"{type(self).__name__} keeps its Optuna study in the journal of its study "
@@ -184,6 +184,8 @@ class DivergenceAwareOptunaSearch(OptunaSearch):
         self._unpickled = False
         self._warm_start = [dict(p) for p in warm_start]
         self._given_ends = ends
+        self._ahead: Future[optuna.trial.Trial] | None = None  # the next trial, being asked
+        self._asks_ahead = ask_ahead
         super().__init__(
             space,
             metric,
@@ -208,6 +210,7 @@ class DivergenceAwareOptunaSearch(OptunaSearch):
                 self._ot_study.enqueue_trial(point, skip_if_exists=True)
 
     def _reopen_study(self) -> None:
+        self._settle_ahead()
         self._stale = False
         if self._ot_study is None:  # not set up yet: nothing was asked of Optuna
             return
@@ -228,12 +231,22 @@ class DivergenceAwareOptunaSearch(OptunaSearch):
         self._storage, self._ot_study = storage, study
 
     def __getstate__(self) -> dict[str, Any]:  # end records handed in are never pickled
-        return {k: v for k, v in self.__dict__.items() if k != "_given_ends"}
+        if self._ahead is not None:  # the study pickled whole, not in the middle of an ask
+            wait([self._ahead])
+        return {k: v for k, v in self.__dict__.items() if k not in ("_given_ends", "_ahead")}
 
     def __setstate__(self, state: dict[str, Any]) -> None:  # the Tuner unpickled on restore
         self.__dict__.update(state)
         self._stale, self._orphans = True, []  # its paths are the first run's: wait for `rebind`
         self._unpickled = True
+        self._ahead = None
+
+    def save(self, checkpoint_path: str) -> None:
+        """Ray's save (its ``__dict__``, pickled), less what is not state: an ask in flight (waited
+        for first, so that the study is pickled whole) and the end records handed in."""
+        state = self.__getstate__()
+        with open(checkpoint_path, "wb") as f:
+            pickle.dump(state, f)
 
     def restore(self, checkpoint_path: str) -> None:
         """Ray's restore (the searcher state Tune saved), into the study at this searcher's
@@ -241,8 +254,10 @@ class DivergenceAwareOptunaSearch(OptunaSearch):
         it names, and every Optuna trial it holds, are in the journal (else `SearcherStateError`).
         One Tune unpickled, whose paths are the first run's, checks when the resume rebinds it."""
         paths, unpickled = self._paths, getattr(self, "_unpickled", True)
+        self._settle_ahead()
         super().restore(checkpoint_path)
         self._paths, self._stale, self._orphans, self._unpickled = paths, True, [], unpickled
+        self._ahead = None
         if not unpickled:
             self._reopen_study()
             self._check_restored_trials(checkpoint_path)
@@ -289,6 +304,7 @@ class DivergenceAwareOptunaSearch(OptunaSearch):
         (by default read from the study). Returns the ids of live trials to drop: each
         duplicates a configuration another trial holds."""
         self._ready()
+        self._settle_ahead()
         if self._ot_study is None:
             return set()
         study = self._ot_study
@@ -312,6 +328,7 @@ class DivergenceAwareOptunaSearch(OptunaSearch):
             asked.set_user_attr(TUNE_ID_ATTR, tid)
             self._ot_trials[tid] = asked
         self._orphans = list(plan.orphans)
+        self._flush(commit=True)
         return set(plan.drop)
 
     def _state(self, trial_id: str) -> optuna.trial.TrialState | None:
@@ -369,11 +386,56 @@ class DivergenceAwareOptunaSearch(OptunaSearch):
                     if name not in frozen.params:
                         _draw(trial, name, distribution)
             self._ot_trials[trial_id] = trial
+        if trial_id not in self._ot_trials and (ahead := self._take_ahead()) is not None:
+            self._ot_trials[trial_id] = ahead
         params = super().suggest(trial_id)
         asked = self._ot_trials.get(trial_id)
         if asked is not None:
             asked.set_user_attr(TUNE_ID_ATTR, trial_id)
+        self._flush()  # the ask on the file before Tune can start its trial
+        self._ask_ahead()
         return params
+
+    # -- asking ahead ------------------------------------------------------------------------------
+    def _ask_ahead(self) -> None:
+        """Ask Optuna for the next trial in a thread, while the driver waits on the trials (TPE's
+        ask grows with the study: 100 ms and more at 10,000 trials). Only while the study has
+        fewer Optuna trials than it will run: an ask the study would not use is never made (a
+        kill leaves a made one RUNNING, which the resume hands to the next new trial)."""
+        study, recipe = self._ot_study, getattr(self, "_recipe", None)
+        if self._ahead is not None or study is None or recipe is None or not isinstance(self._space, dict):
+            return
+        if not getattr(self, "_asks_ahead", True):
+            return
+        if len(study.get_trials(deepcopy=False)) >= recipe.num_samples:
+            return
+        self._ahead = _asker().submit(study.ask, fixed_distributions=self._space)
+
+    def _take_ahead(self) -> optuna.trial.Trial | None:
+        """The trial asked ahead (waited for if still being asked); None if there is none, or if
+        its ask failed (it is then asked again, in the driver's thread)."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is None:
+            return None
+        try:
+            return ahead.result()
+        except Exception as e:
+            log.warning("asking Optuna ahead failed (%s); asking again", e)
+            return None
+
+    def _settle_ahead(self) -> None:
+        """Let an ask in flight end and forget it, before the study or its sampler changes: its
+        trial, RUNNING and held by no Tune trial, goes to the next new one (`reconcile`)."""
+        ahead, self._ahead = getattr(self, "_ahead", None), None
+        if ahead is not None:
+            wait([ahead])
+
+    def _flush(self, commit: bool = False) -> None:
+        """Write the operations the study's journal keeps; with ``commit``, sync it too if it was
+        last synced a second ago or more (`study.search.journal`)."""
+        journal = _journal_of(getattr(self, "_storage", None))
+        if journal is not None:
+            journal.commit() if commit else journal.flush()
 
     def on_trial_result(self, trial_id: str, result: dict[str, Any]) -> None:
         self._ready()
@@ -410,6 +472,7 @@ class DivergenceAwareOptunaSearch(OptunaSearch):
         if result is not None and result.get("outcome") == "diverged":
             result, error = None, True
         super().on_trial_complete(trial_id, result, error)
+        self._flush(commit=True)  # its reports and its end: the trial's end record holds them too
 
 
 OUTCOME_ATTR = "outcome"
@@ -423,6 +486,17 @@ a synthetic study (docs/evidence/stopped_as_pruned.py: median best 0.9064 agains
 STEP = "iteration"
 """The step of Optuna's intermediate values and TensorBoard's points: the model's training
 iteration, as the Parquet's ``iteration`` column (not Tune's count of reports)."""
+
+
+_ASKER: ThreadPoolExecutor | None = None
+
+
+def _asker() -> ThreadPoolExecutor:
+    """The one thread that asks Optuna ahead (`DivergenceAwareOptunaSearch._ask_ahead`)."""
+    global _ASKER
+    if _ASKER is None:
+        _ASKER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="optuna-ask-ahead")
+    return _ASKER
 
 
 def _draw(trial: optuna.trial.Trial, name: str, distribution: Any) -> None:
@@ -441,55 +515,17 @@ def _mark_end(asked: optuna.trial.Trial, outcome: str, iteration: int) -> None:
     asked.set_user_attr(STEP, int(iteration))
 
 
-def repair_journal(journal: str) -> int:
-    """Cut a journal back to its last whole operation; returns the bytes removed (0 if whole).
-
-    Optuna appends one JSON line per operation. A driver stopped by a full disk (or killed in
-    the middle of a write) leaves a torn last line, and every later read fails on it once
-    anything follows. The torn operation never took effect, so cutting it is safe; the study's
-    records replay what it was (`DivergenceAwareOptunaSearch.replay`). The cut bytes are kept
-    beside the journal (``optuna.journal.torn``)."""
-    path = Path(journal)
-    if not path.exists():
-        return 0
-    data = path.read_bytes()
-    good = 0
-    for line in data.splitlines(keepends=True):
-        if not line.endswith(b"\n"):
-            break
-        try:
-            json.loads(line)
-        except ValueError:
-            break
-        good += len(line)
-    if good == len(data):
-        return 0
-    path.with_name(path.name + ".torn").write_bytes(data[good:])
-    with path.open("r+b") as f:
-        f.truncate(good)
-        f.flush()
-        os.fsync(f.fileno())
-    return len(data) - good
-
-
-def clear_stale_journal_lock(journal: str) -> bool:
-    """Remove the lock a killed driver left beside the journal; True if there was one.
-
-    Only the driver holding the study's lease appends to the journal, so under the lease any
-    lock is stale. Left alone it costs the next driver Optuna's 30 s grace period, and one copied
-    from another folder (a symlink to the old journal) makes Optuna's lock wait spin for ever."""
-    lock = journal + ".lock"
-    if not os.path.lexists(lock):
-        return False
-    os.unlink(lock)
-    return True
-
-
 def optuna_storage(paths: StudyPaths) -> optuna.storages.JournalStorage:
-    """The study's Optuna storage: a journal file beside the results (optuna-dashboard opens it)."""
+    """The study's Optuna storage: a journal file beside the results (optuna-dashboard opens it),
+    written by the driver that holds the study's lease alone (`study.search.journal`)."""
     journal = Path(paths.optuna_journal)
     journal.parent.mkdir(parents=True, exist_ok=True)
-    return optuna.storages.JournalStorage(JournalFileBackend(str(journal)))
+    return optuna.storages.JournalStorage(StudyJournal(str(journal)))
+
+
+def _journal_of(storage: Any) -> StudyJournal | None:
+    backend = getattr(storage, "_backend", None)
+    return backend if isinstance(backend, StudyJournal) else None
 
 
 def make_searcher(
@@ -497,10 +533,12 @@ def make_searcher(
     paths: StudyPaths,
     warm_start: Sequence[Mapping[str, Any]] = (),
     ends: Mapping[str, EndRecord] | None = None,
+    ask_ahead: bool = True,
 ) -> ConcurrencyLimiter:
     """Seeded Optuna search whose study lives in a journal file beside the results; the
     ``warm_start`` configurations are its first trials; ``ends``: the study's end records, when
-    the caller has read them."""
+    the caller has read them; ``ask_ahead``: the next trial asked for in a thread while trials
+    run (`DivergenceAwareOptunaSearch._ask_ahead`)."""
     metrics, modes = [m for m, _ in spec.objectives], [mode for _, mode in spec.objectives]
     searcher = DivergenceAwareOptunaSearch(  # lists: Optuna's multi-objective study
         metric=metrics if spec.multi_objective else metrics[0],
@@ -510,6 +548,7 @@ def make_searcher(
         paths=paths,
         warm_start=warm_start,
         ends=ends,
+        ask_ahead=ask_ahead,
     )
     return ConcurrencyLimiter(searcher, max_concurrent=spec.search.max_concurrent)
 

@@ -12,6 +12,7 @@ import optuna
 import pytest
 
 from study.records.records import EndRecord
+from study.search.journal import flush_journals
 from study.search.search import (
     TUNE_ID_ATTR,
     DivergenceAwareOptunaSearch,
@@ -28,7 +29,9 @@ METRIC = SPEC.metric
 
 
 def _searcher(paths: StudyPaths) -> DivergenceAwareOptunaSearch:
-    searcher = make_searcher(SPEC, paths).searcher  # the ConcurrencyLimiter's Optuna search
+    """The study's searcher asking Optuna for each trial as Tune wants it: one ask a suggest
+    (asking ahead has tests of its own)."""
+    searcher = make_searcher(SPEC, paths, ask_ahead=False).searcher  # the ConcurrencyLimiter's Optuna search
     assert isinstance(searcher, DivergenceAwareOptunaSearch)
     assert searcher.set_search_properties(None, None, param_space(SPEC))
     return searcher
@@ -75,7 +78,7 @@ def test_a_trial_optuna_already_has_is_not_told_again(
     searcher.save(str(tmp_path / "searcher.pkl"))  # Tune's state, saved before the trial ended
     searcher.on_trial_complete("t1", result={"iteration": 60, METRIC: 0.75})
 
-    restored = make_searcher(SPEC, paths).searcher
+    restored = make_searcher(SPEC, paths, ask_ahead=False).searcher
     restored.restore(str(tmp_path / "searcher.pkl"))  # a resume
     with caplog.at_level(logging.WARNING):
         restored.on_trial_complete("t1", result={})
@@ -98,7 +101,7 @@ def test_an_optuna_trial_tune_never_saved_goes_to_the_next_new_trial(tmp_path: P
     searcher.save(str(tmp_path / "searcher.pkl"))  # Tune's state holds t1 only
     orphan = searcher.suggest("t2")  # then the kill
 
-    restored = make_searcher(SPEC, paths).searcher
+    restored = make_searcher(SPEC, paths, ask_ahead=False).searcher
     restored.restore(str(tmp_path / "searcher.pkl"))
     restored.rebind(paths)
     restored.reconcile({"t1": {}}, {})
@@ -208,7 +211,7 @@ def test_a_state_restored_into_another_study_is_refused_at_once(tmp_path: Path, 
     paths = StudyPaths(str(tmp_path / "b"), "s")
     if other == "another":
         _searcher(paths).suggest("u1")
-    restored = make_searcher(SPEC, paths).searcher
+    restored = make_searcher(SPEC, paths, ask_ahead=False).searcher
     with pytest.raises(SearcherStateError, match="built with the StudyPaths of the study that saved it"):
         restored.restore(str(checkpoint))
 
@@ -236,10 +239,11 @@ def test_an_ask_cut_short_by_a_kill_is_finished_and_run_not_failed_beside_a_new_
     searcher.suggest("t1")
     searcher.save(str(tmp_path / "searcher.pkl"))
     study = _study(paths)
-    cut = study.ask()  # the kill came after its first parameter
+    cut = study.ask()  # the kill came after its first parameter reached the journal
     cut.suggest_float("lambda_p", 0.05, 0.95)
+    flush_journals()
 
-    restored = make_searcher(SPEC, paths).searcher
+    restored = make_searcher(SPEC, paths, ask_ahead=False).searcher
     restored.restore(str(tmp_path / "searcher.pkl"))
     restored.rebind(paths)
     restored.reconcile({"t1": {}}, {})
@@ -250,3 +254,48 @@ def test_an_ask_cut_short_by_a_kill_is_finished_and_run_not_failed_beside_a_new_
     assert [t.number for t in trials] == [0, 1]
     assert [t.user_attrs[TUNE_ID_ATTR] for t in trials] == ["t1", "t2"]
     assert all(t.state == optuna.trial.TrialState.RUNNING for t in trials)
+
+
+def _asking_ahead(paths: StudyPaths) -> DivergenceAwareOptunaSearch:
+    searcher = make_searcher(SPEC, paths).searcher  # as the driver makes it: asking ahead
+    assert isinstance(searcher, DivergenceAwareOptunaSearch)
+    assert searcher.set_search_properties(None, None, param_space(SPEC))
+    return searcher
+
+
+def test_the_next_trial_is_asked_ahead_and_none_beyond_the_study_s_trials(tmp_path: Path) -> None:
+    """After each suggestion the next trial is asked for in a thread, and handed to the next
+    suggestion; never more Optuna trials than the study's ``num_samples``."""
+    paths = StudyPaths(str(tmp_path), "s")
+    searcher = _asking_ahead(paths)
+    searcher.suggest("t1")
+    assert searcher._ahead is not None
+    ahead = searcher._ahead.result()
+    params = searcher.suggest("t2")
+    assert params is not None and params["lambda_p"] == ahead.params["lambda_p"]
+    for k in range(3, SPEC.search.num_samples + 1):
+        searcher.suggest(f"t{k}")
+    assert searcher._ahead is None  # the study has all its trials
+    trials = _study(paths).trials
+    assert len(trials) == SPEC.search.num_samples
+    assert [t.user_attrs[TUNE_ID_ATTR] for t in trials] == [f"t{k}" for k in range(1, len(trials) + 1)]
+
+
+def test_a_trial_asked_ahead_when_the_driver_is_killed_goes_to_the_next_new_trial(tmp_path: Path) -> None:
+    """A kill once the trial asked ahead reached the journal leaves it RUNNING with no Tune trial:
+    the resume gives it to the next new trial, not a new ask (one Optuna trial per Tune trial);
+    and the searcher's saved state, taken with an ask in flight, holds no part of it."""
+    paths = StudyPaths(str(tmp_path), "s")
+    searcher = _asking_ahead(paths)
+    searcher.suggest("t1")
+    searcher.save(str(tmp_path / "searcher.pkl"))  # Tune's save, the ask in flight or done
+    assert searcher._ahead is not None
+    ahead = searcher._ahead.result()
+    flush_journals()  # on the file when the kill comes
+    restored = make_searcher(SPEC, paths).searcher
+    restored.restore(str(tmp_path / "searcher.pkl"))
+    restored.rebind(paths)
+    restored.reconcile({"t1": {}}, {})
+    params = restored.suggest("u2")
+    assert params is not None and params["lambda_p"] == ahead.params["lambda_p"]
+    assert [t.user_attrs.get(TUNE_ID_ATTR) for t in _study(paths).trials][:2] == ["t1", "u2"]
