@@ -8,11 +8,13 @@ neither reader.
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 import pandas as pd
 
 from study.spec.spec import list_specs, load_spec
 from study.storage.hints import count, export_command
-from study.storage.storage import StudyPaths, list_studies, read_study_table
+from study.storage.storage import StudyPaths, list_studies, parquet_state, read_study_table
 
 __all__ = ["SUMMARY_COLUMNS", "listing", "summary", "trials_table"]
 
@@ -71,12 +73,30 @@ def summary(paths: StudyPaths, metric: str = "test/halted_accuracy", mode: str =
             lines.append(f"{len(df) - len(ranked)} not ranked (no final result):")
             lines.append(rest.to_string(index=False))
     lines.append(f"Parquet: {paths.trials_parquet}  (history: {paths.history_parquet})")
-    if stale:
-        lines.append(
-            f"{count(stale, 'ended trial')} {'is' if stale == 1 else 'are'} not in the Parquet yet "
-            f"(a driver stopped before writing it): `{export_command(paths.name, paths.root)}` writes them"
-        )
+    lines += _currency(paths, stale)
     return "\n".join(lines)
+
+
+def _currency(paths: StudyPaths, stale: int) -> list[str]:
+    """How current the Parquet is: when its driver last wrote it, and the ended trials it lacks."""
+    state = parquet_state(paths)
+    lines = []
+    if state is not None and not state.get("final"):
+        written = datetime.fromisoformat(str(state["written"]))
+        ago = max(0, int((datetime.now(UTC) - written).total_seconds()))
+        lines.append(
+            f"the Parquet was written {written:%H:%M:%S} UTC ({ago} s ago) with "
+            f"{count(int(state.get('trials', 0)), 'trial')}: while a study runs it is rewritten at most "
+            "every [run] parquet_refresh_s seconds, and whole when its run ends"
+        )
+    if stale:
+        one = stale == 1
+        lines.append(
+            f"{count(stale, 'ended trial')} {'is' if one else 'are'} not in the Parquet yet, shown here "
+            f"from {'its end record' if one else 'their end records'}: a running driver writes "
+            f"{'it' if one else 'them'} at its next refresh, `{export_command(paths.name, paths.root)}` now"
+        )
+    return lines
 
 
 def _started_shown_running(df: pd.DataFrame) -> pd.DataFrame:

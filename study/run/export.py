@@ -1,16 +1,18 @@
 """The study's Parquet, exported from Tune's trials and the study's records.
 
-Each trial's rows are built from its end record, its saved reports and Tune's ``result.json``
-(`TrialRecord`). While a study runs, `ParquetCallback` writes an ended trial's rows as its own
-fragment (`LiveParquet`, a cost per trial that does not grow with the study); the end of a run
-and ``ponder-study export`` rewrite and compact the whole (`export_experiment`, `write_tables`).
-The records are the truth: a trial Tune's saved state lacks is exported from its end record.
+Each trial's rows are built from its end record (with its reports) and Tune's ``result.json``
+(`study.run.trial_rows`). While a study runs, `ParquetCallback` keeps the trials that end and
+writes them on a budget, and whole when the run ends (`study.run.live_parquet`).
+``ponder-study export``, and a run's end whose callback could not write it whole, rebuild it from
+every record and Tune's saved state (`export_experiment`, `write_tables`). The records are the
+truth: a trial Tune's saved state lacks is exported from its end record.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,28 +22,26 @@ import optuna
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.fs as pafs
-import ray
 from ray import tune
 from ray.tune import Callback
 from ray.tune.experiment import Trial
 
 from study.records.journal_copy import push_journal
-from study.records.parquet import TrialRecord, history_table, pareto_marks, parse_result_lines, trials_table
-from study.records.records import END_OUTCOMES, EndRecord, read_end_record, read_end_records
+from study.records.parquet import TrialRecord, history_table, trials_table
+from study.records.records import EndRecord, read_end_records, read_reports
 from study.run.dataset import write_study_table
+from study.run.live_parquet import LiveParquet
+from study.run.trial_rows import FINAL, checkpoint_uri, has_directory, record_from_end, record_of
 from study.run.tune_state import restorable
+from study.search.journal import SYNC_S
 from study.search.search import optuna_storage
 from study.search.trial_map import map_trials
 from study.spec.spec import StudySpec
 from study.storage.storage import (
     StudyPaths,
     join,
-    read_bytes,
     read_study_table,
-    read_table,
     replaced_folder,
-    to_uri,
-    trial_reports,
 )
 
 __all__ = [
@@ -52,42 +52,13 @@ __all__ = [
     "ParquetCallback",
     "checkpoint_uri",
     "export_experiment",
+    "finished_parquet",
     "has_directory",
     "without_duplicates",
     "write_tables",
 ]
 
 log = logging.getLogger("ponder-study")
-
-
-def _last_line(text: str | None) -> str | None:
-    lines = [ln.strip() for ln in (text or "").strip().splitlines() if ln.strip()]
-    return lines[-1] if lines else None
-
-
-def has_directory(trial: Trial) -> bool:
-    """Whether Tune gave the trial a directory yet: a trial restored before it ever started has
-    none, and Tune raises RuntimeError on any path of it."""
-    return trial.storage is not None and bool(trial.storage.trial_dir_name)
-
-
-def _history(trial: Trial) -> list[dict[str, Any]]:
-    """The trial's ``result.json``. Tune writes it in the driver's staging directory and copies
-    it to the storage every few seconds: while the driver runs, the staging copy is current."""
-    if not has_directory(trial):
-        return []
-    if ray.is_initialized() and trial.local_path:
-        local = Path(trial.local_path, "result.json")
-        if local.exists():
-            return parse_result_lines(local.read_text())
-    if trial.storage is None:
-        return []
-    fs = trial.storage.storage_filesystem
-    try:
-        with fs.open_input_stream(f"{trial.path}/result.json") as f:
-            return parse_result_lines(f.readall().decode())
-    except (FileNotFoundError, OSError):
-        return []
 
 
 def _exported_history(paths: StudyPaths) -> dict[str, list[dict[str, Any]]]:
@@ -103,57 +74,16 @@ def _exported_history(paths: StudyPaths) -> dict[str, list[dict[str, Any]]]:
     return rows
 
 
-def _saved_reports(paths: StudyPaths, trial_id: str) -> list[dict[str, Any]]:
-    """The reports `save_reports` kept when the trial ended (Tune's copy may have been emptied)."""
-    data = read_bytes(trial_reports(paths.reports_dir, trial_id))
-    return parse_result_lines(data.decode()) if data is not None else []
-
-
-def checkpoint_uri(paths: StudyPaths, checkpoint: str | None) -> str | None:
-    """A checkpoint path from an end record (relative to the storage root) or from Tune (a path
-    in the storage's filesystem) as a path or URI a user can open."""
-    if not checkpoint:
-        return None
-    if "://" not in checkpoint and not checkpoint.startswith("/"):
-        return join(paths.root, checkpoint)
-    return to_uri(paths.root, checkpoint)
-
-
 def _record(
     trial: Trial, paths: StudyPaths, end: EndRecord | None, exported: list[dict[str, Any]]
 ) -> TrialRecord:
-    saved = _saved_reports(paths, trial.trial_id) if end is not None else []
-    checkpoint = trial.checkpoint if has_directory(trial) else None
-    checkpoint_path = checkpoint.path if checkpoint is not None else None
-    if end is not None and end.checkpoint:
-        checkpoint_path = end.checkpoint  # Tune's may be older after a kill
-    error = None
-    if trial.status == Trial.ERROR:
-        error = _last_line(str(trial.get_error() or "")) or "error (no message recorded)"
-    return TrialRecord(
-        trial_id=trial.trial_id,
-        tune_status=trial.status,
-        config=trial.config,
-        history=exported + saved + _history(trial),  # for a repeated iteration the later report wins
-        stopped_early=end is not None and end.outcome == "early_stopped",
-        ended=end is not None,
-        error=error,
-        checkpoint_path=checkpoint_uri(paths, checkpoint_path),
-        retries=int(trial.run_metadata.num_failures),
-    )
+    saved = read_reports(paths, trial.trial_id) if end is not None else []
+    return record_of(trial, paths, end, saved, exported)
 
 
 def _record_from_end(paths: StudyPaths, end: EndRecord, exported: list[dict[str, Any]]) -> TrialRecord:
     """A trial that ended but that Tune's saved state does not hold (it lags the records)."""
-    return TrialRecord(
-        trial_id=end.trial_id,
-        tune_status=Trial.TERMINATED,
-        config=end.config,
-        history=exported + _saved_reports(paths, end.trial_id),
-        stopped_early=end.outcome == "early_stopped",
-        ended=True,
-        checkpoint_path=checkpoint_uri(paths, end.checkpoint),
-    )
+    return record_from_end(paths, end, read_reports(paths, end.trial_id), exported)
 
 
 @dataclass
@@ -163,11 +93,6 @@ class ExportCache:
 
     exported: dict[str, list[dict[str, Any]]] | None = None
     records: dict[str, TrialRecord] = field(default_factory=dict)
-
-
-FINAL = END_OUTCOMES
-"""The statuses of a trial whose rows no longer change: the compacted files hold only these (how
-a trial can end for good, `study.records.records.END_OUTCOMES`)."""
 
 
 def write_tables(
@@ -216,87 +141,6 @@ def write_tables(
     return records
 
 
-class LiveParquet:
-    """The study's Parquet while it runs, at a cost per trial that does not grow with the study.
-
-    An ended trial's rows are built once from its own files and written as its fragment of each
-    table (`StudyPaths.fragment`), history first. Nothing else is rewritten but the ``pareto``
-    mark of a trial the new one pushes off the front (kept here: once off, a trial stays off).
-    The Parquet's history and front are read once per driver; the run's end compacts (`write_tables`)."""
-
-    def __init__(self, paths: StudyPaths, spec: StudySpec) -> None:
-        self.paths, self.spec = paths, spec
-        self.exported: dict[str, list[dict[str, Any]]] | None = None
-        self.front: dict[str, dict[str, Any]] = {}  # trial id -> its row, for the trials on it
-        self.rows: dict[str, pa.Table] = {}  # trial id -> the trials row this driver wrote
-
-    def _load(self) -> None:
-        self.exported = _exported_history(self.paths)
-        table = read_study_table(self.paths, "trials")
-        if table is not None and "pareto" in table.column_names:
-            on = table.filter(pc.fill_null(table.column("pareto"), False))
-            self.front = {row["trial_id"]: row for row in on.to_pylist()}
-
-    def trial_ended(self, trial: Trial) -> None:
-        """Write the trial's fragments (an errored trial's too: a resume may end it again)."""
-        if self.exported is None:
-            self._load()
-        assert self.exported is not None
-        paths, spec = self.paths, self.spec
-        end = read_end_record(paths, trial.trial_id)
-        rec = _record(trial, paths, end, self.exported.get(trial.trial_id, []))
-        history = history_table([rec], spec.objectives)
-        row = trials_table([rec], spec.metric, spec.mode, spec.front_objectives, spec.objectives)
-        changed = self._front_with(trial.trial_id, row.drop_columns(_list_columns(row)).to_pylist()[0])
-        row = _with_pareto(row, changed.pop(trial.trial_id, False))
-        write_study_table(paths, "history", history, file=paths.fragment("history", trial.trial_id))
-        write_study_table(paths, "trials", row, file=paths.fragment("trials", trial.trial_id))
-        self.rows[trial.trial_id] = row
-        for trial_id, mark in changed.items():
-            self._mark(trial_id, mark)
-
-    def _front_with(self, trial_id: str, row: dict[str, Any]) -> dict[str, bool]:
-        """Add a trial's row to the front; the marks that change (the new trial's always)."""
-        objectives = self.spec.front_objectives
-        candidates = {**{k: v for k, v in self.front.items() if k != trial_id}, trial_id: row}
-        ids = list(candidates)
-        marks = pareto_marks([candidates[i] for i in ids], objectives) if objectives else [False] * len(ids)
-        front = {i: candidates[i] for i, on in zip(ids, marks, strict=True) if on}
-        changed = {i: False for i in self.front if i not in front}
-        changed[trial_id] = trial_id in front
-        self.front = front
-        return changed
-
-    def _mark(self, trial_id: str, on: bool) -> None:
-        """Rewrite one trial's ``pareto`` mark where its row is: its fragment, or (a trial of an
-        earlier driver, now compacted) the compacted file."""
-        paths = self.paths
-        table = self.rows.get(trial_id)
-        if table is None:
-            table = read_table(paths.fragment("trials", trial_id))
-        if table is not None:
-            table = _with_pareto(table, on)
-            write_study_table(paths, "trials", table, file=paths.fragment("trials", trial_id))
-            self.rows[trial_id] = table
-            return
-        compacted = read_table(paths.trials_parquet)
-        if compacted is None or "pareto" not in compacted.column_names:
-            return
-        ids = compacted.column("trial_id")
-        index = compacted.schema.get_field_index("pareto")
-        marks = pc.if_else(pc.equal(ids, trial_id), pa.scalar(on), compacted.column("pareto"))
-        write_study_table(paths, "trials", compacted.set_column(index, "pareto", marks))
-
-
-def _list_columns(table: pa.Table) -> list[str]:
-    return [f.name for f in table.schema if pa.types.is_list(f.type)]
-
-
-def _with_pareto(table: pa.Table, on: bool) -> pa.Table:
-    index = table.schema.get_field_index("pareto")
-    return table.set_column(index, table.schema.field(index), pa.array([on] * table.num_rows, pa.bool_()))
-
-
 EMPTIED_NOTE = "EMPTIED.txt"
 """Left in a superseded checkpoint on an object store, where a directory is only its objects."""
 
@@ -338,47 +182,80 @@ def _empty_superseded_checkpoints(trial: Trial, keep: str) -> None:
 
 
 class ParquetCallback(Callback):
-    """Writes each trial's Parquet rows as it ends (`LiveParquet`), frees an ended trial's superseded
-    checkpoints, and keeps a retried trial's reports. The scheduler, which Tune tells of an end
-    first, has already written the end record, so a kill here loses nothing ``export`` cannot rebuild."""
+    """Keeps each trial that ends for the study's Parquet, written on a budget (`LiveParquet`) and
+    whole when the run ends; frees an ended trial's superseded checkpoints; copies the Optuna
+    journal's new lines to an object store at most once a second; keeps a retried trial's
+    reports. The scheduler, which Tune tells of an end first, has already written the end record,
+    so a kill here loses nothing ``export`` cannot rebuild."""
 
     def __init__(self, paths: StudyPaths, spec: StudySpec) -> None:
         self.paths = paths
         self.spec = spec
         self._live: LiveParquet | None = None
+        self._pushed_at = 0.0
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_live": None}  # Tune pickles callbacks; the cache is rebuilt
+        return {**self.__dict__, "_live": None}  # Tune pickles callbacks; the rows are rebuilt
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         state.pop("_cache", None)  # an older callback's ExportCache: not restored
-        self.__dict__.update({"_live": None, **state})
+        self.__dict__.update({"_live": None, "_pushed_at": 0.0, **state})
 
     def rebind(self, paths: StudyPaths, spec: StudySpec) -> None:
         """Write where the study is now (Tune restores callbacks with the first run's paths)."""
         self.paths, self.spec, self._live = paths, spec, None
 
-    def _write(self, trial: Trial) -> None:
+    @property
+    def live(self) -> LiveParquet:
         if self._live is None:
-            self._live = LiveParquet(self.paths, self.spec)
+            self._live = LiveParquet(self.paths, self.spec, self.spec.run.parquet_refresh_s)
+        return self._live
+
+    def _refresh(self) -> None:
+        if not self.live.due():
+            return
         try:
-            self._live.trial_ended(trial)
+            self.live.refresh()
         except Exception as e:  # an export problem must not end the study; `export` can redo it
             log.error("could not write the study's Parquet (%s); `ponder-study export` will retry", e)
             log.debug("the Parquet write failed", exc_info=True)
 
     def on_trial_complete(self, iteration: int, trials: list[Trial], trial: Trial, **info: Any) -> None:
-        push_journal(self.paths)
+        if time.monotonic() - self._pushed_at >= SYNC_S:  # an object store's journal copy
+            push_journal(self.paths)
+            self._pushed_at = time.monotonic()
         checkpoint = trial.checkpoint if has_directory(trial) else None
         if checkpoint is not None:
             _empty_superseded_checkpoints(trial, keep=checkpoint.path)
-        self._write(trial)
+        self.live.add(trial)
+        self._refresh()
 
     def on_trial_error(self, iteration: int, trials: list[Trial], trial: Trial, **info: Any) -> None:
-        self._write(trial)
+        self.live.add(trial)
+        self._refresh()
+
+    def on_step_end(self, iteration: int, trials: list[Trial], **info: Any) -> None:
+        self._refresh()  # trials that ended while no other did are written once the wait is over
 
     def on_trial_recover(self, iteration: int, trials: list[Trial], trial: Trial, **info: Any) -> None:
         _push_reports_before_retry(trial)
+
+    def on_experiment_end(self, trials: list[Trial], **info: Any) -> None:
+        """The run's end, however it ended but a kill: the Parquet written whole (`LiveParquet.finish`)."""
+        try:
+            _FINISHED[self.paths.study_dir] = dict(self.live.finish(trials))
+        except Exception as e:  # the driver's export from Tune's saved state tries again
+            log.debug("the Parquet's final write failed (%s)", e, exc_info=True)
+
+
+_FINISHED: dict[str, dict[str, int]] = {}
+"""Study folder -> its trials by status, once its callback wrote the Parquet whole at a run's end."""
+
+
+def finished_parquet(paths: StudyPaths) -> dict[str, int] | None:
+    """The trials by status if this run's callback wrote the study's Parquet whole as Tune ended
+    the experiment (then the export from Tune's saved state is not needed); None otherwise."""
+    return _FINISHED.pop(paths.study_dir, None)
 
 
 def _push_reports_before_retry(trial: Trial) -> None:

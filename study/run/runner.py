@@ -37,14 +37,14 @@ from ray.tune.experiment import Trial
 
 from ponder.config import CONFIGS
 from study.launchers.ray_token import private_token
-from study.records import journal_copy
+from study.records import asha_state, journal_copy
 from study.records.records import StudyError, load_study_spec, read_end_records, with_config_defaults
 from study.records.truth import StudyTruth, read_truth
-from study.run.export import ParquetCallback, export_experiment
+from study.run.export import ParquetCallback, export_experiment, finished_parquet
 from study.run.fused import start_fusion, stop_fusions
 from study.run.lease import hold_lease
 from study.run.processes import Reaper
-from study.run.replay import replaying_records
+from study.run.replay import replay_asha, replaying_records
 from study.run.stops import (
     crash_handler_back_for_ray_processes,
     raise_a_swallowed_stop,
@@ -53,6 +53,8 @@ from study.run.stops import (
     stops_held_while_ray_starts,
 )
 from study.run.tensorboard import (
+    NoCSV,
+    NoTensorBoard,
     ScalarTensorBoard,
     _EventFile,  # noqa: F401  (for a study started before the split: see below)
     import_tensorboardx_without_torch,
@@ -61,14 +63,13 @@ from study.run.trainable import fault_iteration, train_trial
 from study.run.tune_logs import one_line_logs
 from study.run.tune_state import merge_started_trials, prune_old_states, restorable
 from study.search import ray_private
+from study.search.journal import clear_stale_journal_lock, flush_journals, repair_journal
 from study.search.scheduler import PersistentASHA, SnapshotBeforeStart
 from study.search.search import (
-    clear_stale_journal_lock,
     make_scheduler,
     make_searcher,
     optuna_storage,
     param_space,
-    repair_journal,
 )
 from study.spec.spec import StudySpec
 from study.storage.storage import (
@@ -164,9 +165,12 @@ def _reporter(spec: StudySpec) -> _StudyReporter:
 
 
 def study_callbacks(spec: StudySpec, paths: StudyPaths) -> list[Callback]:
-    """The study's own callbacks for Tune: the Parquet, and TensorBoard's scalars (in place of
-    Tune's default TensorBoard logger; its JSON and CSV loggers stay)."""
-    return [ParquetCallback(paths, spec), ScalarTensorBoard()]
+    """The study's own callbacks for Tune: the Parquet; TensorBoard's scalars with ``[run]
+    tensorboard`` (in place of Tune's default TensorBoard logger, which is off otherwise); Tune's
+    JSON logger stays (each trial's ``result.json``: the reports its end record keeps, the live
+    view's), its CSV logger goes (``progress.csv``, which nothing reads: the Parquet has it all)."""
+    board: Callback = ScalarTensorBoard() if spec.run.tensorboard else NoTensorBoard()
+    return [ParquetCallback(paths, spec), board, NoCSV()]
 
 
 def _run_config(spec: StudySpec, paths: StudyPaths, verbose: int) -> tune.RunConfig:
@@ -389,6 +393,8 @@ def _scheduler(spec: StudySpec, paths: StudyPaths, truth: StudyTruth) -> Persist
     scheduler = make_scheduler(spec, paths)
     if isinstance(scheduler, PersistentASHA):
         scheduler.use_saved(truth.asha)
+        for end in truth.ends.values():  # what a crash kept from asha.json, the records hold
+            replay_asha(scheduler, end)
     return scheduler
 
 
@@ -469,15 +475,21 @@ def _fit(
         raise
     finally:  # and once more from the records and Tune's saved state, however fit ended
         stop_fusions()  # a stopped study's fusers would train on to their members' next reports
+        flush_journals(commit=True)  # what Optuna was told, on the disk before it is read again
+        asha_state.flush()
+        statuses: dict[str, int] = {}
         try:
-            records = export_experiment(spec, paths)
+            # written whole by the Parquet callback as Tune ended the run, else rebuilt here
+            written = finished_parquet(paths)
+            if written is None:
+                written = dict(Counter(rec.status() for rec in export_experiment(spec, paths)))
+            statuses = written
             journal_copy.push_journal(paths, whole=True)
         except Exception as e:
             if not failed:
                 raise
             log.error("could not write the study's Parquet (%s); `ponder-study export` will retry", e)
-    statuses = dict(Counter(rec.status() for rec in records))
-    finished = len(records) >= spec.search.num_samples and not (
+    finished = sum(statuses.values()) >= spec.search.num_samples and not (
         statuses.get("running") or statuses.get("pending") or statuses.get("errored")
     )
     if finished and fail_orphaned_optuna_trials(spec, paths):
@@ -504,4 +516,5 @@ def fail_orphaned_optuna_trials(spec: StudySpec, paths: StudyPaths) -> int:
     orphans = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
     for t in orphans:
         study.tell(t.number, state=optuna.trial.TrialState.FAIL)
+    flush_journals(commit=True)
     return len(orphans)

@@ -1,9 +1,12 @@
-"""TensorBoard logging of a study's trials, from the driver.
+"""TensorBoard logging of a study's trials, from the driver, and Tune's loggers a study leaves off.
 
-`ScalarTensorBoard` replaces Tune's TensorBoard logger: scalars only, one event per report,
-written in the driver's thread without tensorboardX's writer thread (`_EventFile`). The driver
-imports tensorboardX with torch hidden (`import_tensorboardx_without_torch`): it never logs a
-torch tensor, and loading torch would cost it about 1.5 s of CPU and 300 MB.
+With ``[run] tensorboard = true``, `ScalarTensorBoard` replaces Tune's TensorBoard logger: scalars
+only, one event per report, written in the driver's thread without tensorboardX's writer thread
+(`_EventFile`). The driver imports tensorboardX with torch hidden
+(`import_tensorboardx_without_torch`): it never logs a torch tensor, and loading torch would cost
+it about 1.5 s of CPU and 300 MB. Without it, `NoTensorBoard` stands where Tune would add its own
+logger, and `NoCSV` where it would add its CSV logger: Tune adds a default logger only where the
+callbacks hold none of its kind. What each costs a trial: docs/parquet.md, "Figures".
 """
 
 from __future__ import annotations
@@ -16,14 +19,14 @@ from typing import Any
 
 from ray.air.constants import TRAINING_ITERATION
 from ray.tune.experiment import Trial
-from ray.tune.logger import TBXLoggerCallback
+from ray.tune.logger import CSVLoggerCallback, TBXLoggerCallback
 from ray.tune.logger.tensorboardx import VALID_SUMMARY_TYPES
 from ray.tune.result import TIME_TOTAL_S, TIMESTEPS_TOTAL
 from ray.tune.utils import flatten_dict
 
 from study.search.search import STEP
 
-__all__ = ["ScalarTensorBoard", "import_tensorboardx_without_torch"]
+__all__ = ["NoCSV", "NoTensorBoard", "ScalarTensorBoard", "import_tensorboardx_without_torch"]
 
 
 def import_tensorboardx_without_torch() -> None:
@@ -108,3 +111,36 @@ class ScalarTensorBoard(TBXLoggerCallback):
         writer.file_writer.add_summary(summary, global_step=step)
         writer.flush()
         self._trial_result[trial] = scalars  # what log_trial_end gives TensorBoard's HParams view
+
+
+class NoTensorBoard(TBXLoggerCallback):
+    """Where Tune would add its TensorBoard logger: writes nothing (``[run] tensorboard = false``)."""
+
+    def __init__(self) -> None:  # tensorboardX is neither imported nor started
+        self._trial_writer: dict[Trial, Any] = {}
+        self._trial_result: dict[Trial, Any] = {}
+
+    def log_trial_start(self, trial: Trial) -> None:
+        pass
+
+    def log_trial_result(self, iteration: int, trial: Trial, result: dict[str, Any]) -> None:
+        pass
+
+    def log_trial_end(self, trial: Trial, failed: bool = False) -> None:
+        pass
+
+
+class NoCSV(CSVLoggerCallback):
+    """Where Tune would add its CSV logger (each trial's ``progress.csv``): writes nothing."""
+
+    def __init__(self) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]  # Ray: untyped
+
+    def log_trial_start(self, trial: Trial) -> None:
+        pass
+
+    def log_trial_result(self, iteration: int, trial: Trial, result: dict[str, Any]) -> None:
+        pass
+
+    def log_trial_end(self, trial: Trial, failed: bool = False) -> None:
+        pass

@@ -194,12 +194,18 @@ class ResourcesSpec(_Table):
 
 
 class RunSpec(_Table):
-    """Where results land and how often a failed trial is retried from its checkpoint."""
+    """Where results land, how often a failed trial is retried from its checkpoint, how often the
+    Parquet is refreshed while the study runs, and whether TensorBoard gets every report."""
 
     storage: str = "results"
     """a local directory or a URI (s3://bucket/path, file:///mnt/nfs/results) holding the study"""
     max_failures: int = Field(2, ge=0)
     """retries of a trial that errors, from its last checkpoint; 0: it stays failed"""
+    parquet_refresh_s: float = Field(10.0, ge=0)
+    """the least seconds between two writes of the Parquet while the study runs (and never more
+    than 5 % of the driver's time); the run's end writes it whole"""
+    tensorboard: bool = False
+    """write each trial's reports as TensorBoard scalars under tune/<name>/ as they come"""
 
     @field_validator("storage")
     @classmethod

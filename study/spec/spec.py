@@ -53,6 +53,8 @@ same names as the ``ponder.train`` flags and the Parquet columns::
     [run]
     storage = "results"          # a local directory or a URI (s3://bucket/path)
     max_failures = 2             # retries of a trial that errors, from its last checkpoint
+    parquet_refresh_s = 10       # the Parquet written at most this often while trials end
+    tensorboard = false          # true: TensorBoard scalars of every report, as they come
 
 Every table but ``[space]`` is optional. Validation is complete and strict, in two layers:
 

@@ -71,6 +71,7 @@ __all__ = [
     "list_studies",
     "nearest_existing",
     "parquet_from_bytes",
+    "parquet_state",
     "read_bytes",
     "read_json",
     "read_study_table",
@@ -144,6 +145,15 @@ def _read_study_table(paths: StudyPaths, kind: str) -> pa.Table | None:
     if not tables:
         return None
     return pa.concat_tables(tables, promote_options="permissive")
+
+
+def parquet_state(paths: StudyPaths) -> dict[str, Any] | None:
+    """How current the study's Parquet is, as the driver that last wrote it left it
+    (`study.run.live_parquet`): ``written`` (UTC, ISO 8601), ``trials`` (its rows of the trials
+    table) and ``final`` (the run had ended: nothing was kept back); None where no driver wrote it
+    (a study from before, or one ``export`` rewrote)."""
+    state = read_json(paths.parquet_state)
+    return state if isinstance(state, dict) else None
 
 
 def list_studies(root: str) -> list[str]:

@@ -20,8 +20,9 @@ import pandas as pd
 import pyarrow.fs as pafs
 import pytest
 
+from study.records.records import EndRecord, ended_trial_ids
 from study.spec.spec import load_spec, parse_spec
-from study.storage.storage import StudyPaths, read_study_table, read_table
+from study.storage.storage import StudyPaths, read_table
 
 CLI = [sys.executable, "-m", "study"]
 REPO = Path(__file__).resolve().parents[2]
@@ -220,7 +221,7 @@ def ledger_has(storage: Path, name: str, how: str) -> Callable[[], bool]:
     def check() -> bool:
         try:
             for path in ended.glob("*.json"):
-                if json.loads(path.read_text())["outcome"] == outcome:
+                if EndRecord.from_json(path.read_bytes()).outcome == outcome:
                     return True
         except (FileNotFoundError, json.JSONDecodeError, KeyError):
             return False
@@ -247,14 +248,11 @@ def read_live(uri: str) -> pd.DataFrame | None:
 
 
 def finished(storage: Path, name: str, at_least: int) -> Callable[[], bool]:
-    """True once the study's Parquet shows ``at_least`` trials that ended."""
+    """True once ``at_least`` of the study's trials have ended (their end records: the Parquet
+    shows them at its next refresh)."""
 
     def check() -> bool:
-        table = read_study_table(StudyPaths(str(storage), name), "trials")  # its fragments too
-        df = None if table is None else table.to_pandas()
-        if df is None:
-            return False
-        return int(df["status"].isin(["completed", "early_stopped", "diverged"]).sum()) >= at_least
+        return len(ended_trial_ids(StudyPaths(str(storage), name))) >= at_least
 
     return check
 
@@ -275,6 +273,7 @@ def smoke_source(times: int = 1, at_once: int = 2, fuse: int = 1) -> str:
         .replace("eval_interval = 10", f"eval_interval = {10 * times}")
         .replace("grace_period = 10", f"grace_period = {10 * times}")
         .replace("max_concurrent = 2", f"max_concurrent = {at_once}")
+        .replace("\ntensorboard = true", "\n# tensorboard: the default, off")  # the studies users run
     )
     if fuse > 1:
         source = source.replace("cpu = 1\n", "cpu = 2\n").replace("gpu = 0\n", f"gpu = 0\nfuse = {fuse}\n")
@@ -282,6 +281,7 @@ def smoke_source(times: int = 1, at_once: int = 2, fuse: int = 1) -> str:
     got = (made.iterations, made.eval_interval, made.scheduler.grace_period, made.search.max_concurrent)
     assert got == (60 * times, 10 * times, 10 * times, at_once), source
     assert made.resources.fuse == fuse, source
+    assert not made.run.tensorboard, source
     return source
 
 

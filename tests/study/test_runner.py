@@ -210,6 +210,10 @@ def test_a_diverged_trial_fails_in_optuna_and_the_study_goes_on(tmp_path: Path) 
     states = [t.state for t in study.trials if t.params["lr"] > 1]
     assert states and set(states) == {optuna.trial.TrialState.FAIL}, by_lr
     assert {t.state for t in study.trials if t.params["lr"] < 1} == {optuna.trial.TrialState.COMPLETE}
+    # Tune's loggers as a spec leaves them: result.json alone (no TensorBoard, no progress.csv)
+    trial_dirs = [d for d in (tmp_path / "tune" / "diverging").iterdir() if d.is_dir()]
+    assert trial_dirs and all((d / "result.json").exists() for d in trial_dirs)
+    assert not [f for d in trial_dirs for f in d.iterdir() if f.name.startswith(("events.", "progress."))]
 
 
 def test_an_ended_trial_keeps_only_its_last_checkpoint(smoke: tuple[Path, Any]) -> None:
@@ -222,13 +226,15 @@ def test_an_ended_trial_keeps_only_its_last_checkpoint(smoke: tuple[Path, Any]) 
 
 
 def test_every_trial_has_tensorboard_events_though_the_driver_skips_torch(smoke: tuple[Path, Any]) -> None:
-    """Tune's TensorBoard logger still writes each trial's event file from a `run` driver that
-    imported tensorboardX with torch hidden (`study.run.tensorboard.import_tensorboardx_without_torch`)."""
+    """With ``[run] tensorboard = true`` (the smoke spec's), each trial's event file is written from
+    a `run` driver that imported tensorboardX with torch hidden
+    (`study.run.tensorboard.import_tensorboardx_without_torch`); Tune's CSV logger stays off."""
     storage, _ = smoke
     for trial_id in trials(storage, "parity-smoke")["trial_id"]:
         events = list((storage / "tune" / "parity-smoke").glob(f"*_{trial_id}_*/events.out.tfevents.*"))
         assert len(events) == 1, trial_id
         assert b"ray/tune/test/halted_accuracy" in events[0].read_bytes(), trial_id
+    assert not list((storage / "tune" / "parity-smoke").glob("*/progress.csv"))
 
 
 def test_optuna_trials_orphaned_by_a_kill_are_marked_failed(tmp_path: Path) -> None:
