@@ -2,43 +2,40 @@
 
 A study of N trials runs through the real driver code, in this process, with synthetic trials in
 place of Ray actors: Tune's `TuneController` (its trial bookkeeping, its saves of the experiment
-state, its default loggers that write each trial's ``result.json``), the study's searcher
+state, the loggers a study keeps: each trial's ``result.json``), the study's searcher
 (`study.search.search.make_searcher`: Optuna in its journal, in Tune's `ConcurrencyLimiter` and
 `SearchGenerator`), its scheduler (`study.search.search.make_scheduler`: `PersistentASHA`, end records,
-the state save before a new trial starts) and its `study.run.export.ParquetCallback`. Each trial is
-created by the searcher (``next_trial``), chosen by the scheduler, reported to through
-``TuneController._process_trial_result`` (scheduler, searcher, callbacks, as a real report is)
-and stopped through ``TuneController.stop_trial`` (a trial reaching its budget or stopped by
-ASHA); ``--concurrent`` trials are live at once, one report each per step. The reports are
-`bench/tune_overhead.py`'s synthetic parity records (the metric names a real run reports).
-What is timed is the driver's time in those calls, nothing a trial's worker would do.
+the started records) and its callbacks (`study.run.runner.study_callbacks`: the Parquet on its
+budget). Each trial is created by the searcher (``next_trial``), chosen by the scheduler, reported to
+through ``TuneController._process_trial_result`` (scheduler, searcher, callbacks, as a real report
+is) and stopped through ``TuneController.stop_trial`` (a trial reaching its budget or stopped by
+ASHA); ``--concurrent`` trials are live at once, one report each per step of the loop, which ends
+as Tune's does (its periodic save, the callbacks' step end). The reports are
+`bench/tune_overhead.py`'s synthetic parity records (the metric names a real run reports). What is
+timed is the driver's time in those calls, nothing a trial's worker would do; every trial is timed.
 
-For each N (``--sizes``, default 100 500 2000) it prints the driver's cost per trial, split into
-start / reports / end / Tune's periodic save, measured over the last ``--window`` trials of the
-study (its cost per trial at that size), and the study's total driver time when every trial was
-timed. ``--fast-prefix`` runs the first N - window trials without the Parquet refresh and the
-forced state save (then writes the Parquet once, and the callback reads it back as a driver does
-once, at its first trial end: timed apart): the two costs that would grow with the study, left
-out of the prefix, the only way to reach N = 2000 in a bench's time. ``--s3`` puts the study on
-moto's S3 server. Then the Parquet recipes of docs/parquet.md (pandas) over the 2,000-trial
-study, timed. The last line: ``growth <cost per trial at the largest N / cost per trial at the smallest>``.
+For each N (``--sizes``, default 100 1000 10000) it prints the driver's cost per trial, split into
+start / reports / end / step (Tune's periodic save and the callbacks' step end, shared among the
+live trials), averaged over the last ``--window`` trials of the study (default: the last tenth,
+50 at least), and the study's total driver time; the syncs to the disk a trial (``os.fsync``
+calls: the end records, the journal, the Parquet) and the journal's appends; the study's end as
+the driver makes it (Tune's final save, the Parquet written whole, Optuna's orphans, the summary);
+and Optuna's own cost at that N, in the same run: the same sampler with the study's trials
+copied into an in-memory study, then ``--own`` trials of ask (the space's three parameters), the
+same reports and a tell, timed; ``minus Optuna`` is the driver's cost less Optuna's own.
+``--s3`` puts the study on moto's S3 server. Then the Parquet recipes of docs/parquet.md (pandas)
+over the studies, timed. The last line: ``growth <cost per trial at the largest N / at the smallest>``.
 
-With ``--real`` it runs real trials instead: the shipped ``parity-smoke`` study (tiny parity
-trials, TPE, ASHA) with ``--num-samples N`` for each N (default 20 100 500), the real command
-(``ponder-study run``, progress table on) joined to one local Ray instance that the bench starts,
-and it times the driver process's CPU (user + system: everything the driver does, the imports
-included, none of the trials' work, which runs in Ray's workers). It prints each study's driver
-CPU per trial and the marginal cost per trial between successive sizes; the last line is
-``growth <marginal at the last step / marginal at the first>``.
+    .venv/bin/python bench/driver_scale.py [--sizes 100 1000 10000] [--sampler tpe] [--s3] [--quick]
 
-    .venv/bin/python bench/driver_scale.py [--sizes 100 500 2000] [--s3] [--fast-prefix] [--quick]
-    .venv/bin/python bench/driver_scale.py --real [--sizes 20 100 500]
+About 25 minutes at the default sizes on the 2-core machine (the 10,000-trial study is most of
+it); ``--quick`` (20 and 60 trials) a minute. `bench/driver_cost.py` measures real trials through
+``ponder-study run`` against plain Tune and plain Optuna.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import logging
 import os
 import re
@@ -47,7 +44,6 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -99,35 +95,8 @@ storage = {storage}
 max_failures = 0
 """
 
-PHASES = ("start", "reports", "end", "tune_save")
+PHASES = ("start", "reports", "end", "step")
 DROP = {"config", "trial_id", "should_checkpoint", "checkpoint_dir_name", "done"}
-
-
-def _noop(*args: Any, **kwargs: Any) -> None:
-    return None
-
-
-@contextlib.contextmanager
-def _without_refresh() -> Iterator[None]:
-    """The Parquet refresh at a trial's end and the forced state save before a trial starts,
-    both off (the prefix of ``--fast-prefix``)."""
-    from ray.tune.execution.tune_controller import TuneController
-
-    from study.run.export import ParquetCallback
-
-    write, save = ParquetCallback._write, TuneController.checkpoint
-
-    def checkpoint(self: Any, force: bool = False, wait: bool = False) -> None:
-        if not force:
-            save(self, force=force, wait=wait)
-
-    ParquetCallback._write = _noop  # type: ignore[method-assign]
-    TuneController.checkpoint = checkpoint  # type: ignore[method-assign]
-    try:
-        yield
-    finally:
-        ParquetCallback._write = write  # type: ignore[method-assign]
-        TuneController.checkpoint = save  # type: ignore[method-assign]
 
 
 def _reports(base: dict[str, Any], n_trials: int, n_reports: int) -> list[list[dict[str, Any]]]:
@@ -142,6 +111,25 @@ def trainable(config: dict[str, Any]) -> None:  # registered with Tune; never ru
     raise RuntimeError("bench/driver_scale.py drives trials itself")
 
 
+class _Syncs:
+    """Counts the driver's ``os.fsync`` calls (every sync of the study's files goes through it)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._fsync = os.fsync
+
+    def __enter__(self) -> _Syncs:
+        def counted(fd: int) -> None:
+            self.count += 1
+            self._fsync(fd)
+
+        os.fsync = counted
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        os.fsync = self._fsync
+
+
 def run_study(
     n: int, storage: str, args: argparse.Namespace, reports: list[list[dict[str, Any]]]
 ) -> dict[str, Any]:
@@ -153,17 +141,18 @@ def run_study(
     from ray.tune.search import SearchGenerator
     from ray.tune.utils.callback import _create_default_callbacks
 
-    from study.run.export import LiveParquet, ParquetCallback
-    from study.run.runner import _space, study_callbacks
+    from study.reports.summary import summary
+    from study.run.export import finished_parquet
+    from study.run.runner import _space, fail_orphaned_optuna_trials, study_callbacks
+    from study.search.journal import flush_journals
     from study.search.search import make_scheduler, make_searcher
     from study.spec.spec import parse_spec
     from study.storage.storage import StudyPaths, share_filesystems_when_copied, write_bytes
 
     share_filesystems_when_copied()  # as study.run.runner._fit does before Tune starts
     name = f"scale-{n}"
-    iterations = 250 * args.reports
     text = SPEC.format(
-        iterations=iterations,
+        iterations=250 * args.reports,
         sampler=args.sampler,
         n=n,
         concurrent=args.concurrent,
@@ -181,11 +170,9 @@ def run_study(
     search_alg.add_configurations([experiment])
     scheduler = make_scheduler(spec, paths)
     scheduler.set_search_properties(spec.metric, spec.mode)
-    ours = study_callbacks(spec, paths)
-    parquet = next(c for c in ours if isinstance(c, ParquetCallback))
-    callbacks = [  # Tune's loggers (result.json, progress.csv, TensorBoard), not its terminal output
+    callbacks = [  # the study's and the loggers it keeps (result.json), not Tune's terminal output
         c
-        for c in _create_default_callbacks(ours, metric=spec.metric)
+        for c in _create_default_callbacks(study_callbacks(spec, paths), metric=spec.metric)
         if not isinstance(c, TrialProgressCallback)
     ]
     controller = TuneController(
@@ -196,104 +183,125 @@ def run_study(
         metric=spec.metric,
         checkpoint_period="auto",
     )
-    measured_from = max(0, n - args.window) if args.fast_prefix else 0
-    loaded = 0.0
+    if args.server is not None:
+        args.server.take()  # from zero: this study's requests only
     spent: dict[str, list[float]] = {p: [0.0] * n for p in PHASES}
     index: dict[str, int] = {}
     live: list[Trial] = []
     progress: dict[str, int] = {}
     started = 0
     wall = time.perf_counter()
-    prefix = _without_refresh() if measured_from else contextlib.nullcontext()
-    prefix.__enter__()
-    in_prefix = bool(measured_from)
-    while started < n or live:
-        while started < n and len(live) < args.concurrent:
-            if in_prefix and started >= measured_from:
-                prefix.__exit__(None, None, None)
-                in_prefix = False
-                from study.run.export import write_tables  # the Parquet as the prefix left it
-
-                write_tables(paths, spec, controller.get_trials())
-                # the callback's read of the study's Parquet, once per driver at its first trial end
-                # (a study of 0 trials in a run from the start): after the prefix, the first trial
-                # end of the window would pay it for a study of N trials; timed apart
+    syncs = _Syncs()
+    with syncs:
+        while started < n or live:
+            while started < n and len(live) < args.concurrent:
                 t0 = time.perf_counter()
-                parquet._live = LiveParquet(paths, spec)
-                parquet._live._load()
-                loaded = time.perf_counter() - t0
+                trial = search_alg.next_trial()
+                if trial is None:
+                    raise RuntimeError("the searcher gave no trial")
+                controller.add_trial(trial)
+                chosen = scheduler.choose_trial_to_run(controller._wrapped())
+                if chosen is not trial:
+                    raise RuntimeError(f"the scheduler chose {chosen}, not the new {trial}")
+                trial.init_local_path()
+                controller._callbacks.on_trial_start(
+                    iteration=controller._iteration, trials=controller._trials, trial=trial
+                )
+                controller._set_trial_status(trial, Trial.RUNNING)
+                controller._mark_trial_to_checkpoint(trial)
+                index[trial.trial_id] = started
+                spent["start"][started] += time.perf_counter() - t0
+                progress[trial.trial_id] = 0
+                live.append(trial)
+                started += 1
+            for trial in list(live):
+                i = index[trial.trial_id]
+                k = progress[trial.trial_id]
+                result = dict(reports[i][k])
+                last = k == len(reports[i]) - 1
+                result["done"] = last
+                t0 = time.perf_counter()
+                controller._iteration += 1
+                controller._process_trial_result(trial, result)
+                decision = controller._queued_trial_decisions.pop(trial.trial_id, None)
+                stop = decision == "STOP" or last
+                if stop:
+                    controller.stop_trial(trial)
+                spent["end" if stop else "reports"][i] += time.perf_counter() - t0
+                progress[trial.trial_id] = k + 1
+                if stop:
+                    live.remove(trial)
             t0 = time.perf_counter()
-            trial = search_alg.next_trial()
-            if trial is None:
-                raise RuntimeError("the searcher gave no trial")
-            controller.add_trial(trial)
-            chosen = scheduler.choose_trial_to_run(controller._wrapped())
-            if chosen is not trial:
-                raise RuntimeError(f"the scheduler chose {chosen}, not the new {trial}")
-            trial.init_local_path()
-            controller._callbacks.on_trial_start(
-                iteration=controller._iteration, trials=controller._trials, trial=trial
-            )
-            controller._set_trial_status(trial, Trial.RUNNING)
-            controller._mark_trial_to_checkpoint(trial)
-            index[trial.trial_id] = started
-            spent["start"][started] += time.perf_counter() - t0
-            progress[trial.trial_id] = 0
-            live.append(trial)
-            started += 1
-        for trial in list(live):
-            i = index[trial.trial_id]
-            k = progress[trial.trial_id]
-            result = dict(reports[i][k])
-            last = k == len(reports[i]) - 1
-            result["done"] = last
-            t0 = time.perf_counter()
-            controller._iteration += 1
-            controller._process_trial_result(trial, result)
-            decision = controller._queued_trial_decisions.pop(trial.trial_id, None)
-            stop = decision == "STOP" or last
-            if stop:
-                controller.stop_trial(trial)
-            spent["end" if stop else "reports"][i] += time.perf_counter() - t0
-            progress[trial.trial_id] = k + 1
-            if stop:
-                live.remove(trial)
+            controller.checkpoint()  # Tune's periodic save, once per step of its loop (self-throttled)
+            controller._callbacks.on_step_end(iteration=controller._iteration, trials=controller._trials)
+            step = time.perf_counter() - t0
+            for trial in live or controller.get_trials()[-1:]:
+                spent["step"][index[trial.trial_id]] += step / max(1, len(live))
+        wall = time.perf_counter() - wall
+        in_run = syncs.count
+        requests = _requests(args.server.take(), n) if args.server is not None else None
+        # the study's end as study.run.runner._fit makes it: Tune's final save, the callbacks' end
+        # of the experiment (the Parquet written whole), Optuna's orphans, the summary printed
+        end: dict[str, float] = {}
         t0 = time.perf_counter()
-        controller.checkpoint()  # Tune's periodic save, once per step of its loop (self-throttled)
-        step = time.perf_counter() - t0
-        for trial in live or controller.get_trials()[-1:]:
-            spent["tune_save"][index[trial.trial_id]] += step / max(1, len(live))
-    if in_prefix:
-        prefix.__exit__(None, None, None)
-    wall = time.perf_counter() - wall
-    # the study's end: Tune's final save (forced), then runner._fit's final export (from Tune's
-    # saved state, as _fit does however the run ended)
-    t0 = time.perf_counter()
-    controller.checkpoint(force=True, wait=True)
-    from study.run.export import export_experiment
-
-    t1 = time.perf_counter()
-    export_experiment(spec, paths)
-    final = time.perf_counter() - t0
-    final_export = time.perf_counter() - t1
-    window = range(max(0, n - args.window), n)
+        controller.checkpoint(force=True, wait=True)
+        end["tune"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        controller._callbacks.on_experiment_end(trials=controller.get_trials())
+        if finished_parquet(paths) is None:
+            raise RuntimeError("the Parquet callback did not write the study whole")
+        flush_journals(commit=True)
+        end["parquet"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        fail_orphaned_optuna_trials(spec, paths)
+        end["optuna"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        summary(paths, spec.metric, spec.mode)
+        end["summary"] = time.perf_counter() - t0
+    window = range(max(0, n - (args.window or max(50, n // 10))), n)
     per_trial = {p: statistics.fmean(spent[p][i] for i in window) for p in PHASES}
     statuses: dict[str, int] = {}
     for t in controller.get_trials():
         statuses[t.status] = statuses.get(t.status, 0) + 1
-    total = sum(sum(spent[p]) for p in PHASES) if not measured_from else None
+    journal = searcher.searcher._storage._backend  # the study's StudyJournal
     return {
         "n": n,
         "per_trial": per_trial,
         "cost": sum(per_trial.values()),
-        "total": total,
-        "final": final,
-        "final_export": final_export,
-        "loaded": loaded,
+        "window": len(window),
+        "total": sum(sum(spent[p]) for p in PHASES),
+        "end": end,
         "wall": wall,
         "statuses": statuses,
+        "syncs": in_run / n,
+        "appends": journal.appends / n,
+        "own": optuna_own(paths, spec, args) if args.own else None,
+        "requests": requests,
         "paths": paths,
     }
+
+
+def optuna_own(paths: Any, spec: Any, args: argparse.Namespace) -> float:
+    """Optuna's own cost a trial at this N: the same sampler over the study's trials, copied into
+    an in-memory study, then ``args.own`` trials of ask, the same reports and a tell, timed."""
+    import optuna
+
+    from study.search.search import SamplerRecipe, optuna_storage
+
+    done = optuna.load_study(study_name=paths.name, storage=optuna_storage(paths))
+    trials = done.get_trials(deepcopy=False)
+    study = optuna.create_study(
+        direction=spec.mode + "imize", sampler=SamplerRecipe.of(spec).build(asked=len(trials))
+    )
+    study.add_trials(trials)
+    space = trials[0].distributions
+    t0 = time.perf_counter()
+    for k in range(args.own):
+        trial = study.ask(fixed_distributions=space)
+        for r in range(args.reports):
+            trial.report(0.5 + 0.01 * r, 250 * (r + 1))
+        study.tell(trial, 0.5 + 0.001 * k)
+    return (time.perf_counter() - t0) / args.own
 
 
 def recipes(root: str) -> tuple[float, float]:
@@ -317,132 +325,60 @@ def recipes(root: str) -> tuple[float, float]:
     return times[0], statistics.median(times)
 
 
-class _MotoProcess:
-    """moto's S3 server in a process of its own: in this one, its threads' work (Tune's uploads of
-    its whole experiment state, which grow with the study) would take the driver's GIL and show
-    as driver time that a real object store does not cost."""
-
-    def __init__(self) -> None:
-        import socket
-        import subprocess
-        import sys
-        import urllib.request
-
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        code = f"from moto.server import main; main(['-H', '127.0.0.1', '-p', '{self.port}'])"
-        self.proc = subprocess.Popen(
-            [sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-        )
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{self.port}/moto-api/", timeout=1)
-                break
-            except OSError:
-                if time.monotonic() > deadline or self.proc.poll() is not None:
-                    raise RuntimeError("moto's server did not start") from None
-                time.sleep(0.2)
-
-    def stop(self) -> None:
-        """Stop the server; killed when it does not stop within 30 s (seen at N = 2,000: the
-        bench's figures were printed, then it died on the wait)."""
-        import subprocess
-
-        self.proc.terminate()
-        try:
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(30)
-
-
 def _moto(root: str) -> tuple[Any, str]:
+    """moto's S3 server in a process of its own (in this one, its threads' work would take the
+    driver's GIL and show as driver time a real object store does not cost), counting every
+    request it answers (`bench/resume_reads.py`'s server)."""
     import pyarrow.fs as pafs
+    from resume_reads import CountingS3
 
-    server = _MotoProcess()
-    endpoint = f"http://127.0.0.1:{server.port}"
+    server = CountingS3()
     os.environ.update(
-        AWS_ENDPOINT_URL=endpoint,
+        AWS_ENDPOINT_URL=server.endpoint,
         AWS_ACCESS_KEY_ID="testing",
         AWS_SECRET_ACCESS_KEY="testing",
         AWS_DEFAULT_REGION="us-east-1",
         AWS_EC2_METADATA_DISABLED="true",
         PONDER_STUDY_CACHE=os.path.join(root, "cache"),
     )
-    pafs.S3FileSystem(endpoint_override=endpoint, allow_bucket_creation=True).create_dir("bench")
+    pafs.S3FileSystem(endpoint_override=server.endpoint, allow_bucket_creation=True).create_dir("bench")
     return server, "s3://bench/studies"
 
 
-def real_studies(sizes: list[int]) -> None:
-    """``--real``: the driver's CPU per real trial, parity-smoke at each size (see the module)."""
-    import resource
-    import subprocess
-
-    os.environ["RAY_AUTH_MODE"] = "token"  # read when Ray is imported; drivers joining by address need it
-    import ray
-
-    tmp = tempfile.mkdtemp(prefix="driver_scale_real.")
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-    address = ray.get_runtime_context().gcs_address
-    print(f"driver CPU per real trial: parity-smoke, ponder-study run joined to one Ray instance ({address})")
-    rows: list[tuple[int, float]] = []
-    try:
-        for n in sizes:
-            cmd = [sys.executable, "-m", "study", "run", "parity-smoke", "--name", f"real{n}"]
-            cmd += ["--num-samples", str(n), "--storage", os.path.join(tmp, "results")]
-            before = resource.getrusage(resource.RUSAGE_CHILDREN)
-            started = time.perf_counter()
-            joined = {**os.environ, "RAY_ADDRESS": address}
-            done = subprocess.run(cmd, cwd=REPO, env=joined, capture_output=True)
-            wall = time.perf_counter() - started
-            after = resource.getrusage(resource.RUSAGE_CHILDREN)
-            if done.returncode != 0:
-                sys.exit(f"N={n}: the study failed: {done.stderr.decode()[-2000:]}")
-            cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-            rows.append((n, cpu))
-            marginal = ""
-            if len(rows) > 1:
-                (n0, c0), (n1, c1) = rows[-2], rows[-1]
-                marginal = f", {(c1 - c0) / (n1 - n0) * 1e3:.1f} ms a trial from N={n0}"
-            per_trial = f"{cpu / n * 1e3:.1f} ms a trial{marginal}"
-            print(f"N={n}: driver CPU {cpu:.2f} s, {per_trial}; wall {wall:.1f} s")
-    finally:
-        ray.shutdown()
-    if len(rows) < 3:
-        sys.exit("--real needs three sizes or more: the growth compares the first and last marginal costs")
-    first = (rows[1][1] - rows[0][1]) / (rows[1][0] - rows[0][0])
-    last = (rows[-1][1] - rows[-2][1]) / (rows[-1][0] - rows[-2][0])
-    print(f"growth {last / first:.2f}")
+def _requests(counts: Any, n: int) -> str:
+    """The S3 requests of a study's run, a trial: writes (PUT, POST, DELETE) by where they went
+    (the study's records, Tune's folder, the Parquet), then reads (GET, HEAD, LIST)."""
+    writes: dict[str, int] = {}
+    reads = 0
+    for (method, key), k in counts.items():
+        if method in ("PUT", "POST", "DELETE"):
+            part = key.split("/")[2] if key.count("/") >= 2 else key
+            where = {"studies": "records", "tune": "Tune", "trials": "Parquet", "history": "Parquet"}
+            writes[where.get(part, part)] = writes.get(where.get(part, part), 0) + k
+        else:
+            reads += k
+    parts = ", ".join(f"{w} {k / n:.1f}" for w, k in sorted(writes.items()))
+    return f"S3 writes {sum(writes.values()) / n:.1f} a trial ({parts}), reads {reads / n:.1f}"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument(
-        "--sizes", type=int, nargs="+", help="study sizes N (default 100 500 2000; with --real 20 100 500)"
-    )
+    parser.add_argument("--sizes", type=int, nargs="+", help="study sizes N (default 100 1000 10000)")
     parser.add_argument("--reports", type=int, default=12, help="reports per trial (parity.toml: 12)")
     parser.add_argument("--concurrent", type=int, default=4, help="trials live at once")
-    parser.add_argument("--window", type=int, default=50, help="last trials whose cost is averaged")
+    parser.add_argument("--window", type=int, help="last trials whose cost is averaged (default N/10, >= 50)")
     parser.add_argument(
         "--sampler", default="random", help="the spec's sampler (TPE's own cost grows with N)"
     )
+    parser.add_argument("--own", type=int, default=20, help="trials timed for Optuna's own cost (0: none)")
     parser.add_argument("--s3", action="store_true", help="store the studies on moto's S3 server")
-    parser.add_argument("--fast-prefix", action="store_true", help="time only the last --window trials")
     parser.add_argument("--no-recipes", action="store_true", help="skip the Parquet recipes' timing")
     parser.add_argument("--keep", action="store_true", help="keep the studies' directory (printed)")
     parser.add_argument("--quick", action="store_true", help="sizes 20 60, a smoke check")
-    parser.add_argument(
-        "--real", action="store_true", help="real parity-smoke trials through the CLI (sizes 20 100 500)"
-    )
     args = parser.parse_args()
-    if args.real:
-        real_studies(args.sizes or [20, 100, 500])
-        return
-    args.sizes = args.sizes or [100, 500, 2000]
+    args.sizes = args.sizes or [100, 1000, 10000]
     if args.quick:
         args.sizes, args.window = [20, 60], 10
 
@@ -456,6 +392,7 @@ def main() -> None:
     logging.getLogger("ray.tune").setLevel(logging.ERROR)
     tmp = tempfile.mkdtemp(prefix="driver_scale.")
     server, storage = _moto(tmp) if args.s3 else (None, os.path.join(tmp, "results"))
+    args.server = server
     base = tune_overhead.run_worker("--worker", "metrics")
     reports = _reports(base, max(args.sizes), args.reports)
     ray.init(
@@ -464,8 +401,7 @@ def main() -> None:
     where = "S3 (moto server)" if args.s3 else "a local directory"
     print(
         f"driver cost per trial, {args.reports} reports a trial, {args.concurrent} live at once, "
-        f"sampler {args.sampler}, on {where}; averaged over the last {args.window} trials of each study"
-        + (" (the earlier ones run without Parquet refresh or forced save)" if args.fast_prefix else "")
+        f"sampler {args.sampler}, on {where}; every trial timed, averaged over the study's last trials"
     )
     rows = []
     try:
@@ -473,13 +409,20 @@ def main() -> None:
             row = run_study(n, storage, args, reports)
             rows.append(row)
             parts = ", ".join(f"{p} {row['per_trial'][p] * 1e3:.1f} ms" for p in PHASES)
-            total = f"{row['total']:.1f} s" if row["total"] is not None else "n/a (prefix not timed)"
-            if args.fast_prefix:
-                total += f", the callback's Parquet read after the prefix {row['loaded']:.2f} s"
+            own = ""
+            if row["own"] is not None:
+                own = (
+                    f"; Optuna's own {row['own'] * 1e3:.1f} ms a trial at this N, "
+                    f"the driver minus Optuna {(row['cost'] - row['own']) * 1e3:.1f} ms"
+                )
+            end = ", ".join(f"{k} {v:.2f} s" for k, v in row["end"].items())
+            end = f"{sum(row['end'].values()):.1f} s ({end})"
             print(
-                f"N={n}: {row['cost'] * 1e3:.1f} ms per trial ({parts}); total driver time {total}, "
-                f"study end {row['final']:.1f} s (export {row['final_export']:.1f} s), "
+                f"N={n}: {row['cost'] * 1e3:.1f} ms per trial over the last {row['window']} ({parts}){own}; "
+                f"{row['syncs']:.2f} fsyncs and {row['appends']:.2f} journal appends a trial; "
+                f"total driver time {row['total']:.1f} s; study end {end}; "
                 f"bench wall {row['wall']:.0f} s; {row['statuses']}"
+                + (f"; {row['requests']}" if row["requests"] else "")
             )
         if not args.s3 and not args.no_recipes:
             first, median = recipes(storage)
@@ -495,7 +438,7 @@ def main() -> None:
         if args.keep:
             print(f"the studies are in {tmp}")
         else:
-            shutil.rmtree(tmp, ignore_errors=True)  # 2,000 trials' directories: hundreds of MB
+            shutil.rmtree(tmp, ignore_errors=True)  # 10,000 trials' directories: hundreds of MB
     print(f"growth {rows[-1]['cost'] / rows[0]['cost']:.2f}")
 
 
