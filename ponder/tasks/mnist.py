@@ -31,6 +31,7 @@ def build(config: MnistConfig, device: torch.device, data: object | None = None)
     reads the same ones (`ponder.data.mnist_shared`): a fused group holds them once."""
     import torch  # loaded to build, not to import
 
+    from ponder.data.eval_set import EvalSet
     from ponder.data.mnist import MnistData
     from ponder.data.mnist_shared import mnist_split, normalised_pool, shared_on, test_images
     from ponder.data.mnist_stream import (
@@ -40,7 +41,6 @@ def build(config: MnistConfig, device: torch.device, data: object | None = None)
         stream_masks,
         stream_words_per_batch,
     )
-    from ponder.data.parity import EvalSet
     from ponder.model import PonderNet
     from ponder.steps import MnistStep
 

@@ -16,7 +16,7 @@ from ponder.config import PonderConfig
 if TYPE_CHECKING:
     import torch
 
-    from ponder.data.parity import EvalSet
+    from ponder.data.eval_set import EvalSet
     from ponder.model import PonderNet
 
 __all__ = ["Batch", "Task", "TaskDef"]
