@@ -268,12 +268,17 @@ class TaskView(Mapping[str, V], Generic[V]):
     """One value per registered task (`ponder.tasks.TaskDef`), by task name, in registration
     order; read at each use, so a task registered later is in it."""
 
-    def __init__(self, value: Callable[[Any], V]) -> None:
-        """``value``: what to read from a task's definition (a `ponder.tasks.TaskDef`)."""
+    def __init__(self, value: Callable[[Any], V], where: Callable[[Any], bool] | None = None) -> None:
+        """``value``: what to read from a task's definition (a `ponder.tasks.TaskDef`); ``where``:
+        which tasks are in the view (None: every task)."""
         self._value = value
+        self._where = where
 
     def _values(self) -> dict[str, V]:
-        return {name: self._value(task) for name, task in definitions().items()}
+        where = self._where
+        return {
+            name: self._value(task) for name, task in definitions().items() if where is None or where(task)
+        }
 
     def __getitem__(self, name: str) -> V:
         return self._values()[name]

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ponder.config import MnistConfig
-from ponder.tasks.task import Batch, Task, TaskDef
+from ponder.tasks.task import Batch, Fusion, Task, TaskDef
 
 if TYPE_CHECKING:
     import torch
@@ -89,5 +89,10 @@ TASK: TaskDef[MnistConfig] = TaskDef(
     eval_set_names=eval_set_names,
     chance=0.1,  # one of ten digits
     canonical_sets=("test", *eval_set_names(MnistConfig())),  # the default rotations
-    fused_streams=("counter",),  # ponder.fused_mnist: its dropout masks from the stream
+    fused=Fusion(
+        step="ponder.fused.mnist:FusedMnistStep",
+        streams=("counter",),  # its dropout masks from the stream
+        # the embedding's width; the training images the group holds once (ponder.data.mnist_shared)
+        fields=("n_embed", "data_dir", "train_rotation"),
+    ),
 )
