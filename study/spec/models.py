@@ -118,7 +118,7 @@ class SearchSpec(_Table):
     sampler: Sampler = "tpe"
     """the Optuna sampler; grid tries every combination of listed values once"""
     seed: int = Field(0, ge=0, lt=2**32)
-    """the sampler's seed, in [0, 2**32)"""
+    """the sampler's seed"""
     num_samples: int = Field(8, ge=1)
     """trials in the study; the grid sampler's is the grid's size"""
     max_concurrent: int = Field(2, ge=1)
@@ -165,9 +165,11 @@ class ResourcesSpec(_Table):
     cpu: float = Field(1.0, gt=0)
     """CPUs per trial (with fuse > 1: per fused group)"""
     gpu: float = Field(0.0, ge=0)
-    """GPUs per trial (with fuse > 1: per fused group); a fraction (0.25) shares a GPU"""
+    """GPUs per trial (with fuse > 1: per fused group, at most 1); a fraction (0.25) shares a GPU,
+    above 1 a whole number of GPUs"""
     fuse: int = Field(1, ge=1)
-    """up to this many trials trained as one model on one device; 1: a process a trial"""
+    """up to this many trials trained as one model on one device (with gpu at most 1), for a task
+    that fuses on the trials' data stream; 1: a process a trial"""
 
     @model_validator(mode="after")
     def _reservable(self) -> ResourcesSpec:
