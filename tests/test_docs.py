@@ -537,7 +537,7 @@ def test_every_spec_key_row_says_the_bounds_and_rules_the_code_enforces() -> Non
                         bound,
                     )
     assert "above 1" in rows["`[scheduler] reduction_factor`"]
-    assert "whole number" in rows["`[resources] gpu`"] and "at most 1" in rows["`[resources] gpu`"]
+    assert "whole" in rows["`[resources] gpu`"] and "at most 1" in rows["`[resources] gpu`"]
     assert "at least one" in rows["`[space.<field>]`"]
     configs = {
         task: spec_model(task).model_fields["config"].annotation.model_fields for task in ("parity", "mnist")
