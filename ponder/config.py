@@ -115,8 +115,9 @@ class PonderConfig:
     device: str = "auto"
     """Torch device: auto (CUDA when there is one), cpu, cuda, cuda:1, ..."""
     compile: CompileMode = "auto"
-    """torch.compile the training step: auto (on CUDA only; on the CPU a cold compile pays back
-    after about 40,000 iterations, so set ``on`` there), on, off. The same numbers up to float
+    """torch.compile the training step: auto (on CUDA only; on the CPU a cold compile costs a minute
+    or more, and when it pays back is not measured: a guess, tens of thousands of iterations, so
+    set ``on`` for a long CPU run), on, off. The same numbers up to float
     rounding: ``auto`` never switches a run's mode between its resumes (``--compile`` on a resume
     does, when asked)."""
     data_stream: DataStream = "counter"
