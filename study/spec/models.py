@@ -118,7 +118,7 @@ class SearchSpec(_Table):
     sampler: Sampler = "tpe"
     """the Optuna sampler; grid tries every combination of listed values once"""
     seed: int = Field(0, ge=0, lt=2**32)
-    """the sampler's seed"""
+    """the sampler's seed, in [0, 2**32)"""
     num_samples: int = Field(8, ge=1)
     """trials in the study; the grid sampler's is the grid's size"""
     max_concurrent: int = Field(2, ge=1)

@@ -9,7 +9,6 @@ config dataclasses of `ponder.config`, with their field docstrings). No Ray, no 
 
 from __future__ import annotations
 
-import math
 import re
 import types
 from typing import Any, Literal, Union, get_args, get_origin
@@ -135,8 +134,13 @@ def _row(key: str, info: FieldInfo, kind: str | None = None) -> tuple[str, str, 
         key,
         kind or _type(info.annotation),
         _default(info),
-        _meaning(info.description or "", _bounds(info)),
+        _meaning(info.description or "", "" if _said(info.description or "") else _bounds(info)),
     )
+
+
+def _said(description: str) -> bool:
+    """Whether a key's description gives its bounds already, as an interval (``in [0, 2**32)``)."""
+    return re.search(r"\bin [\[(][^\])]*[\])]", description) is not None
 
 
 _BOUNDS = {"Gt": ("gt", "above"), "Ge": ("ge", "at least"), "Lt": ("lt", "below"), "Le": ("le", "at most")}
@@ -149,9 +153,7 @@ def _bounds(info: FieldInfo) -> str:
     for bound in info.metadata:
         kind = _BOUNDS.get(type(bound).__name__)
         if kind is not None:
-            value = getattr(bound, kind[0])
-            power = math.log2(value) if isinstance(value, int) and value >= 2**16 else None
-            said.append(f"{kind[1]} {f'2^{power:g}' if power and power.is_integer() else _toml(value)}")
+            said.append(f"{kind[1]} {_toml(getattr(bound, kind[0]))}")
     return ", ".join(said)
 
 
