@@ -35,7 +35,7 @@ from typing import Any
 import torch
 
 from ponder.config import ParityConfig
-from ponder.fused_trainer import FusedTrainer
+from ponder.fused.trainer import FusedTrainer
 from ponder.trainer import Trainer
 
 METRICS = (

@@ -30,7 +30,7 @@ import time
 import torch
 
 from ponder.config import MnistConfig
-from ponder.fused_trainer import FusedTrainer
+from ponder.fused.trainer import FusedTrainer
 from ponder.trainer import Trainer
 
 CONFIGS = {  # lambda_p, beta, max_steps: the reference setting and the rotation spec's centre

@@ -1,4 +1,4 @@
-"""Time fused training (`ponder.fused_trainer.FusedTrainer`) against a plain `Trainer`, per member-iteration.
+"""Time fused training (`ponder.fused.trainer.FusedTrainer`) against a plain `Trainer`, per member-iteration.
 
 Parity at ParityConfig's defaults (n_elems 15, max_steps 20, batch 128, hidden 64), CPU, eager; with
 ``--task mnist``, MNIST at MnistConfig's defaults (batch 128, hidden 64, embedding 64, dropout 0.2,
@@ -24,7 +24,7 @@ K=<k>``. ``--compile`` runs the fused step through ``torch.compile`` (its first 
 compile, is not timed; on a CPU a cold compile takes a minute or more per K).
 
 ``--conv`` (MNIST) times the two ways of batching the members' convolutions, the CNN embedding's
-forward and backward at each K: grouped convolutions (`ponder.fused_mnist.fused_mnist_embed`, what
+forward and backward at each K: grouped convolutions (`ponder.fused.mnist.FusedMnistStep.encode`, what
 a group runs) and ``torch.func.vmap`` over ``torch.func.functional_call`` of the plain CNN with the
 members' stacked parameters (PyTorch's model-ensembling recipe), after checking they agree; last
 line ``conv grouped <ms> vmap <ms> at K=<k>`` (ms a member, the largest K).
@@ -61,7 +61,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ponder.config import MnistConfig, ParityConfig, PonderConfig
-from ponder.fused_trainer import FusedTrainer
+from ponder.fused.trainer import FusedTrainer
 from ponder.trainer import Trainer
 
 KS = "1,2,4,8,16"
@@ -212,9 +212,11 @@ def conv_times(k: int, iters: int = 5, rounds: int = 3) -> tuple[float, float]:
     checking that both give the same gradients."""
     from torch.func import functional_call, stack_module_state, vmap
 
-    from ponder.fused_mnist import fused_mnist_embed
+    from ponder.fused.mnist import FusedMnistStep
 
-    cnns = [Trainer(member_config(i, task="mnist")).model.step.cnn for i in range(k)]
+    models = [Trainer(member_config(i, task="mnist")).model for i in range(k)]
+    cnns = [model.step.cnn for model in models]
+    fused = FusedMnistStep.of(models[0])
     params, buffers = stack_module_state(cnns)  # type: ignore[arg-type]  # [K, ...] each
     template = copy.deepcopy(cnns[0]).to("meta")
     x = torch.randn(k, 128, 1, 28, 28)  # [K, B, 1, 28, 28]
@@ -226,7 +228,7 @@ def conv_times(k: int, iters: int = 5, rounds: int = 3) -> tuple[float, float]:
         return functional_call(template, (p, b), (xs,))
 
     def grouped() -> list[torch.Tensor]:
-        e = fused_mnist_embed(grouped_params, x)  # [K, B, E]
+        e = fused.encode(grouped_params, x)  # [K, B, E]
         return list(torch.autograd.grad((e * upstream).sum(), weights))
 
     def vmapped() -> list[torch.Tensor]:
@@ -234,7 +236,7 @@ def conv_times(k: int, iters: int = 5, rounds: int = 3) -> tuple[float, float]:
         return list(torch.autograd.grad((e * upstream).sum(), weights))
 
     with torch.no_grad():  # the same embedding, to rounding
-        torch.testing.assert_close(fused_mnist_embed(grouped_params, x), vmap(one)(params, buffers, x))
+        torch.testing.assert_close(fused.encode(grouped_params, x), vmap(one)(params, buffers, x))
     for a, b in zip(grouped(), vmapped(), strict=True):  # and the same gradients: to rounding, but where
         # a max-pool window's top two values are within rounding (1 in about 2 million windows here),
         # the two route its gradient to different inputs, so compare the whole tensor's difference

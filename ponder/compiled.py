@@ -9,8 +9,10 @@ run); `CUDA_GRAPHS` turns that off for `bench/iteration_speed.py`'s comparison.
 ``auto`` compiles on CUDA only (`bench/iteration_speed.py`, parity n_elems 15, max_steps 20,
 batch 128, hidden 64; docs/ponder.md):
 
-- CPU: about 1.3-1.4x faster than eager for 40-100 s of cold compile (2-5 s warm): it pays for
-  itself only after roughly 40,000 iterations (``compile = "on"`` for a long CPU run).
+- CPU: faster than eager an iteration once compiled, for a minute or more of cold compile (a
+  few seconds warm), and a whole study gains under 10 % with a warm cache (docs/ponder.md): when
+  a cold compile pays for itself is not measured (a guess: after tens of thousands of
+  iterations), so ``compile = "on"`` is for a long CPU run.
 - CUDA (H200): 2.34 ms an iteration with CUDA graphs against 5.51 ms eager (4.95 ms compiled
   without graphs), for 12.4 s of cold compile (1.6 s warm): it pays after about 4,000 iterations.
 

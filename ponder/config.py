@@ -115,8 +115,9 @@ class PonderConfig:
     device: str = "auto"
     """Torch device: auto (CUDA when there is one), cpu, cuda, cuda:1, ..."""
     compile: CompileMode = "auto"
-    """torch.compile the training step: auto (on CUDA only; on the CPU a cold compile pays back
-    after about 40,000 iterations, so set ``on`` there), on, off. The same numbers up to float
+    """torch.compile the training step: auto (on CUDA only; on the CPU a cold compile costs a minute
+    or more, and when it pays back is not measured: a guess, tens of thousands of iterations, so
+    set ``on`` for a long CPU run), on, off. The same numbers up to float
     rounding: ``auto`` never switches a run's mode between its resumes (``--compile`` on a resume
     does, when asked)."""
     data_stream: DataStream = "counter"
@@ -268,12 +269,17 @@ class TaskView(Mapping[str, V], Generic[V]):
     """One value per registered task (`ponder.tasks.TaskDef`), by task name, in registration
     order; read at each use, so a task registered later is in it."""
 
-    def __init__(self, value: Callable[[Any], V]) -> None:
-        """``value``: what to read from a task's definition (a `ponder.tasks.TaskDef`)."""
+    def __init__(self, value: Callable[[Any], V], where: Callable[[Any], bool] | None = None) -> None:
+        """``value``: what to read from a task's definition (a `ponder.tasks.TaskDef`); ``where``:
+        which tasks are in the view (None: every task)."""
         self._value = value
+        self._where = where
 
     def _values(self) -> dict[str, V]:
-        return {name: self._value(task) for name, task in definitions().items()}
+        where = self._where
+        return {
+            name: self._value(task) for name, task in definitions().items() if where is None or where(task)
+        }
 
     def __getitem__(self, name: str) -> V:
         return self._values()[name]

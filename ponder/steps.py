@@ -1,4 +1,10 @@
-"""Step functions: the parity GRU step and the MNIST CNN + MLP step."""
+"""Step functions: the parity GRU step and the MNIST CNN + MLP step.
+
+Each has a fused twin that trains K runs as one model (`ponder.fused.parity.FusedParityStep`,
+`ponder.fused.mnist.FusedMnistStep`), built from the plain step's own layers: a layer added here
+is either followed by its twin (a layer of ``MnistStep.cnn`` or ``MnistStep.mix`` that
+`ponder.fused.layers` batches) or stops a fused group from being built, naming its parameter.
+"""
 
 from __future__ import annotations
 
@@ -106,11 +112,12 @@ class MnistStep(StepFunction):
     ) -> torch.Tensor:
         """h_{n+1} = tanh(MLP([e, h_n])), ``[B, H]``; tanh keeps h bounded over many steps. ``mask``
         ``[B, H]`` (0, or the kept units' scale) replaces the MLP's dropout."""
-        mix = self.mix
+        z = torch.cat([ctx, h], dim=-1)  # [B, n_embed + H]
         if mask is None:
-            return torch.tanh(mix(torch.cat([ctx, h], dim=-1)))
-        hidden = mix[1](mix[0](torch.cat([ctx, h], dim=-1))) * mask  # ReLU(W_1 [e, h] + b_1), dropped
-        return torch.tanh(mix[3](hidden))
+            return torch.tanh(self.mix(z))
+        for layer in self.mix:  # ReLU(W_1 [e, h] + b_1), dropped by the mask, then W_2 . + b_2
+            z = z * mask if isinstance(layer, nn.Dropout) else layer(z)
+        return torch.tanh(z)
 
     def unroll(
         self, ctx: torch.Tensor, h: torch.Tensor, n_steps: int, masks: torch.Tensor | None = None

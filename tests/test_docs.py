@@ -67,7 +67,21 @@ digits, "9ceec66b") is not one: the docs show trial ids as examples."""
 ENGINEER = re.compile(r"\banother engineer|\bother engineers\b", re.I)
 """Who measured what is git's to say, not the docs'."""
 
-LAB = {"stop number": STOP, "commit hash": HASH, "another engineer": ENGINEER}
+LOCAL_EDIT = re.compile(r"\ba local edit\b", re.I)
+"""A figure's method is what it ran (the command, what it timed), not "a local edit"."""
+
+ACCEPTANCE = re.compile(
+    r"\btarget\b[^.\n]*\bis \**(?:missed|met)\b|\b(?:missed|met|reach) the [\d ]+% target\b", re.I
+)
+"""An issue's acceptance wording ("the target ... is missed"): a page says what was measured."""
+
+LAB = {
+    "stop number": STOP,
+    "commit hash": HASH,
+    "another engineer": ENGINEER,
+    "a local edit": LOCAL_EDIT,
+    "acceptance wording": ACCEPTANCE,
+}
 
 
 def _lab_lines(name: str, lines: list[tuple[int, str]]) -> list[str]:
@@ -280,6 +294,7 @@ def _stated_values() -> list[tuple[str, str, float]]:
     import inspect
 
     from ponder import cli as ponder_cli
+    from study.records.asha_state import FOLD_EVERY
     from study.records.parquet import SCHEMA_VERSION
     from study.reports.importance import MIN_TRIALS
     from study.reports.live import DEFAULT_INTERVAL_S
@@ -300,6 +315,7 @@ def _stated_values() -> list[tuple[str, str, float]]:
         ("docs/resume.md", r"renewed every (\d+) s", LEASE_TTL_S / 3),
         ("docs/resume.md", r"(?:not been renewed for|waits at most|went\s+those) (\d+) s", LEASE_TTL_S),
         ("docs/resume.md", r"written in place every (\d+) s or more", _tune_save_period_s()),
+        ("docs/resume.md", r"every (\d+)th save \(`FOLD_EVERY`\)", FOLD_EVERY),
         ("docs/parquet.md", r"schema version (\d+)", SCHEMA_VERSION),
         ("docs/parquet.md", r"`schema_version` \((\d+)\)", SCHEMA_VERSION),
         ("docs/parquet.md", r"\| `schema_version` \| (\d+) ", SCHEMA_VERSION),
@@ -329,3 +345,229 @@ def test_the_parity_defaults_ponder_md_states_are_parity_configs() -> None:
     for pair in " ".join(stated.group(1).split()).split(", "):
         name, value = pair.rsplit(" ", 1)
         assert float(value) == getattr(config, names.get(name, name)), pair
+
+
+# -- what the pages name, the code holds ----------------------------------------------------------
+
+NAMED_FILE = re.compile(r"`((?:ponder|study|bench|tests|docs/evidence)/[\w/.-]*\.(?:py|sh|toml))`")
+NAMED_OBJECT = re.compile(r"`((?:ponder|study)(?:\.\w+)+)`")
+DEFINES = r"^(?:\s*(?:class|def) {0}\b|{0}\s*[:=]|\s*{0}\s*[:=]|.*\bimport\b.*\b{0}\b)"
+
+
+def _module_file(dotted: str) -> Path | None:
+    path = REPO / dotted.replace(".", "/")
+    for candidate in (path.with_suffix(".py"), path / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _resolves(dotted: str) -> bool:
+    """Whether ``ponder.x.y.NAME`` (or ``...Class.method``) is a module of the repository, or a
+    name its longest module prefix defines (or imports: a re-export)."""
+    import study
+
+    if dotted in study.MOVED:  # a module's name before the folders: it still imports
+        return True
+    parts = dotted.split(".")
+    for cut in range(len(parts), 0, -1):
+        module = _module_file(".".join(parts[:cut]))
+        if module is not None:
+            rest = parts[cut:]
+            text = module.read_text()
+            return all(re.search(DEFINES.format(re.escape(name)), text, re.M) for name in rest)
+    return False
+
+
+def test_every_file_and_name_a_page_names_is_the_codes() -> None:
+    """A path (`ponder/fused/trainer.py`) or a dotted name (`ponder.fused.key.FUSED_KEY_FIELDS`) a
+    page gives in backticks is there: a module moved or a name renamed fails here, naming the page."""
+    wrong = []
+    for page in LINKED:
+        text = page.read_text()
+        wrong += [
+            f"{page.relative_to(REPO)}: {p}" for p in NAMED_FILE.findall(text) if not (REPO / p).exists()
+        ]
+        wrong += [f"{page.relative_to(REPO)}: {n}" for n in NAMED_OBJECT.findall(text) if not _resolves(n)]
+    assert not wrong, "no such file or name:\n" + "\n".join(wrong)
+
+
+def test_a_name_placed_in_a_module_is_defined_there() -> None:
+    """Where a page says a name lives ("`SPEC_ALIASES` (`study/spec/shipped.py`)"), it lives (a
+    symbol of the math, `l_n`, is no name of the code)."""
+    wrong = []
+    for page in PAGES:
+        for name, path in re.findall(r"`(\w+)`\s+\(`((?:ponder|study)/[\w/]+\.py)`", page.read_text()):
+            module = REPO / path
+            defined = rf"^(?:class|def) {name}\b|^{name}\s*[:=]"  # defined there, not imported
+            if len(name) > 3 and module.is_file() and not re.search(defined, module.read_text(), re.M):
+                wrong.append(f"{page.relative_to(REPO)}: {name} is not in {path}")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_no_page_links_to_itself_by_its_own_name() -> None:
+    wrong = []
+    for page in LINKED:
+        for target in LINK.findall(page.read_text()):
+            if target.partition("#")[0] == page.name:
+                wrong.append(f"{page.relative_to(REPO)}: ({target}): link within the page as (#heading)")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_no_page_runs_a_script_that_lives_only_in_a_page() -> None:
+    """A script a page runs is shipped (bench/, docs/evidence/), not saved by hand under /tmp."""
+    found = [
+        f"{page.relative_to(REPO)}: {m}"
+        for page in PAGES
+        for m in re.findall(r"/tmp/[\w./-]+\.py", page.read_text())
+    ]
+    assert not found, "\n".join(found)
+
+
+def _layout_block() -> str:
+    text = (REPO / "README.md").read_text()
+    return text.split("## Layout", 1)[1].split("```")[1]
+
+
+def test_the_readme_layout_names_every_module_of_ponder_and_folder_of_study() -> None:
+    block = _layout_block()
+    ponder = block.split("study/", 1)[0]
+    names = [
+        p.name + ("/" if p.is_dir() else "")
+        for p in (REPO / "ponder").iterdir()
+        if p.name not in ("__init__.py", "__pycache__")
+        and (p.suffix == ".py" or (p / "__init__.py").exists())
+    ]
+    assert [n for n in names if not re.search(rf"(?<![\w/]){re.escape(n)}", ponder)] == []
+    folders = [p.name + "/" for p in (REPO / "study").iterdir() if (p / "__init__.py").exists()]
+    assert [f for f in folders if not re.search(rf"^\s+{re.escape(f)}", block, re.M)] == []
+
+
+def test_the_fused_page_says_which_tasks_fuse_on_which_streams() -> None:
+    from ponder.tasks import registered
+
+    text = " ".join((REPO / "docs" / "fused.md").read_text().split())
+    said = re.search(r"The tasks that fuse, each on its data streams: (.*?)\. With", text)
+    assert said, "docs/fused.md no longer says which tasks fuse"
+    stated = {
+        task: set(re.split(r",\s*", streams))
+        for task, streams in re.findall(r"`(\w+)` \((\w+(?:, \w+)*)", said.group(1))
+    }
+    assert stated == {
+        name: set(task.fused_streams) for name, task in registered().items() if task.fused_streams
+    }
+
+
+def test_the_specs_page_names_every_shipped_spec() -> None:
+    from study.spec.shipped import list_specs
+
+    text = (REPO / "docs" / "specs.md").read_text()
+    listing = text.split("### Specs", 1)[1].split("```", 1)[0]
+    assert [s for s in list_specs() if f"`{s}`" not in listing] == []
+
+
+def test_the_parquet_page_lists_every_file_of_a_studys_folder() -> None:
+    """`results/studies/<name>/` as the page draws it holds what the code writes there: every
+    `StudyPaths` file or folder of the study (but ``ended.json``, the ledger of studies started
+    before end records) and the log folder."""
+    from study.run.tune_logs import log_dir
+    from study.storage.paths import StudyPaths
+
+    paths = StudyPaths("results", "name")
+    written = {"logs"}
+    for attr, value in vars(StudyPaths).items():
+        if isinstance(value, property) and attr not in ("ended", "root_fs_path"):
+            where = getattr(paths, attr)
+            if isinstance(where, str) and where.startswith(paths.study_dir + "/"):
+                written.add(where.removeprefix(paths.study_dir + "/").split("/")[0])
+    assert log_dir(paths).name == "logs"
+    text = (REPO / "docs" / "parquet.md").read_text()
+    block = text.split("```", 2)[1].split("results/studies/<name>/", 1)[1]
+    assert sorted(n for n in written if not re.search(rf"(?<![\w.]){re.escape(n)}(?![\w])", block)) == []
+
+
+def test_the_verb_recipe_names_every_module_of_a_verb_and_every_base() -> None:
+    """docs/change.md's "Add a CLI verb" names each module of study/cli/ that holds a verb, and
+    each class the verbs are built on."""
+    import ast
+
+    bases: dict[str, list[str]] = {}
+    where: dict[str, str] = {}
+    for module in sorted((REPO / "study" / "cli").glob("*.py")):
+        for node in ast.parse(module.read_text()).body:
+            if isinstance(node, ast.ClassDef):
+                bases[node.name] = [b.id for b in node.bases if isinstance(b, ast.Name)]
+                where[node.name] = module.name
+
+    def is_verb(name: str) -> bool:
+        return name == "Command" or any(is_verb(b) for b in bases.get(name, []))
+
+    verbs = {name for name in bases if is_verb(name)}
+    built_on = {b for name in verbs for b in bases[name] if b in verbs}
+    text = (REPO / "docs" / "change.md").read_text()
+    recipe = text.split("## Add a CLI verb", 1)[1].split("\n## ", 1)[0]
+    modules = {where[v] for v in verbs - built_on}
+    assert sorted(m for m in modules if m not in recipe) == []
+    assert sorted(b for b in built_on | {"WordsCommand"} if f"`{b}`" not in recipe) == []
+
+
+def test_every_spec_key_row_says_the_bounds_and_rules_the_code_enforces() -> None:
+    """The spec table says what the models refuse: a key's bounds (``reduction_factor`` above 1),
+    a whole number of GPUs above 1 and at most one with ``fuse``, at least one ``[space]`` field;
+    and a field that means something else in each task says which meaning is whose."""
+    from study.spec.models import ResourcesSpec, SchedulerSpec, SearchSpec, spec_model
+
+    rows = {
+        cells[0]: cells[-1]
+        for line in (REPO / "docs" / "specs.md").read_text().splitlines()
+        if (cells := [c.strip() for c in re.split(r"(?<!\\)\|", line)[1:-1]])
+    }
+    for section, model in (
+        ("search", SearchSpec),
+        ("scheduler", SchedulerSpec),
+        ("resources", ResourcesSpec),
+    ):
+        for name, info in model.model_fields.items():
+            for bound in info.metadata:
+                value = next((getattr(bound, k) for k in ("gt", "ge", "lt", "le") if hasattr(bound, k)), None)
+                if value is not None and value < 2**16:
+                    assert re.search(rf"\b{value:g}(\.0)?\b", rows[f"`[{section}] {name}`"]), (
+                        section,
+                        name,
+                        bound,
+                    )
+    assert "above 1" in rows["`[scheduler] reduction_factor`"]
+    assert "whole" in rows["`[resources] gpu`"] and "at most 1" in rows["`[resources] gpu`"]
+    assert "at least one" in rows["`[space.<field>]`"]
+    configs = {
+        task: spec_model(task).model_fields["config"].annotation.model_fields for task in ("parity", "mnist")
+    }
+    for name in set(configs["parity"]) & set(configs["mnist"]):
+        if configs["parity"][name].description != configs["mnist"][name].description:
+            assert "parity: " in rows[f"`{name}`"] and "mnist: " in rows[f"`{name}`"], name
+
+
+def test_a_torch_version_a_page_gives_is_the_pinned_one_or_says_it_is_not() -> None:
+    pin = re.search(r"torch==([\d.]+)", (REPO / "pyproject.toml").read_text())
+    assert pin
+    wrong = []
+    for page in PAGES:
+        for sentence in re.split(r"(?<=[.;])\s", " ".join(page.read_text().split())):
+            for version in re.findall(r"\btorch (\d+\.\d+(?:\.\d+)?)(?![\d.-])", sentence):
+                if not pin.group(1).startswith(version) and "not the pinned" not in sentence:
+                    wrong.append(f"{page.relative_to(REPO)}: torch {version}: {sentence[:120]}")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_schema_is_written_by_make_generate_and_printed_by_the_verb() -> None:
+    """``ponder-study schema`` prints the JSON Schema; ``make generate`` writes the shipped one."""
+    from study.cli.specs import Schema
+
+    assert Schema.help.startswith("print ")
+    makefile = (REPO / "Makefile").read_text()
+    assert re.search(r"^generate:.*\n\t.*study\.cli\.reference", makefile, re.M)
+    wrong = re.compile(r"ponder-study schema`?\s+(?:re)?(?:generates|writes|rewrites)", re.I)
+    found = [
+        str(page.relative_to(REPO)) for page in PAGES if wrong.search(" ".join(page.read_text().split()))
+    ]
+    assert not found, f"these say `ponder-study schema` writes the schema file: {found}"

@@ -1,5 +1,7 @@
-"""Data for the PonderNet tasks: parity vectors and MNIST-format images."""
+"""Data for the PonderNet tasks: parity vectors, MNIST-format images, and the fixed evaluation set
+every task builds (`EvalSet`)."""
 
+from ponder.data.eval_set import EvalSet
 from ponder.data.mnist import (
     IdxError,
     MnistData,
@@ -9,7 +11,7 @@ from ponder.data.mnist import (
     read_idx,
     rotate,
 )
-from ponder.data.parity import EvalSet, parity_batch, parity_eval_sets
+from ponder.data.parity import parity_batch, parity_eval_sets
 
 __all__ = [
     "EvalSet",

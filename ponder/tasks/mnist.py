@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ponder.config import MnistConfig
-from ponder.tasks.task import Batch, Task, TaskDef
+from ponder.tasks.task import Batch, Fusion, Task, TaskDef
 
 if TYPE_CHECKING:
     import torch
@@ -31,6 +31,7 @@ def build(config: MnistConfig, device: torch.device, data: object | None = None)
     reads the same ones (`ponder.data.mnist_shared`): a fused group holds them once."""
     import torch  # loaded to build, not to import
 
+    from ponder.data.eval_set import EvalSet
     from ponder.data.mnist import MnistData
     from ponder.data.mnist_shared import mnist_split, normalised_pool, shared_on, test_images
     from ponder.data.mnist_stream import (
@@ -40,7 +41,6 @@ def build(config: MnistConfig, device: torch.device, data: object | None = None)
         stream_masks,
         stream_words_per_batch,
     )
-    from ponder.data.parity import EvalSet
     from ponder.model import PonderNet
     from ponder.steps import MnistStep
 
@@ -89,5 +89,10 @@ TASK: TaskDef[MnistConfig] = TaskDef(
     eval_set_names=eval_set_names,
     chance=0.1,  # one of ten digits
     canonical_sets=("test", *eval_set_names(MnistConfig())),  # the default rotations
-    fused_streams=("counter",),  # ponder.fused_mnist: its dropout masks from the stream
+    fused=Fusion(
+        step="ponder.fused.mnist:FusedMnistStep",
+        streams=("counter",),  # its dropout masks from the stream
+        # the embedding's width; the training images the group holds once (ponder.data.mnist_shared)
+        fields=("n_embed", "data_dir", "train_rotation"),
+    ),
 )

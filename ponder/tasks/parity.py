@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ponder.config import ParityConfig
-from ponder.tasks.task import Batch, Task, TaskDef
+from ponder.tasks.task import Batch, Fusion, Task, TaskDef
 
 if TYPE_CHECKING:
     import torch
@@ -57,5 +57,9 @@ TASK: TaskDef[ParityConfig] = TaskDef(
     eval_set_names=eval_set_names,
     chance=0.5,  # the answer is one bit
     canonical_sets=("test", "easy", "hard", "extrapolation"),
-    fused_streams=("counter", "generator"),  # ponder.fused
+    fused=Fusion(
+        step="ponder.fused.parity:FusedParityStep",
+        streams=("counter", "generator"),
+        fields=("n_elems",),  # the width of the stacked inputs and of the cell's W_ih
+    ),
 )

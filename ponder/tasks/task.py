@@ -2,7 +2,9 @@
 it builds for one config (`Task`: the model, a training-batch sampler, the evaluation sets).
 
 Each task module (`ponder.tasks.parity`, `ponder.tasks.mnist`) makes one `TaskDef`; `ponder.tasks`
-registers them. Torch-free at import.
+registers them. A task that trains fused says so in its `TaskDef` (`Fusion`): everything that
+reads which tasks fuse, on which streams and with which shared fields reads it there. Torch-free
+at import.
 """
 
 from __future__ import annotations
@@ -16,10 +18,10 @@ from ponder.config import PonderConfig
 if TYPE_CHECKING:
     import torch
 
-    from ponder.data.parity import EvalSet
+    from ponder.data.eval_set import EvalSet
     from ponder.model import PonderNet
 
-__all__ = ["Batch", "Task", "TaskDef"]
+__all__ = ["Batch", "Fusion", "Task", "TaskDef"]
 
 Batch: TypeAlias = "tuple[torch.Tensor, ...]"
 """A training batch ``(x [B, ...], y [B])``; a counter-stream batch of a step with noise of its own
@@ -46,6 +48,26 @@ class Task:
 
 
 @dataclass(frozen=True)
+class Fusion:
+    """How a task's runs train as one model (a spec's ``fuse > 1``,
+    `ponder.fused.trainer.FusedTrainer`): its fused step and what the members of one group share.
+    Torch-free, so that a spec is checked against it without loading torch."""
+
+    step: str
+    """Its fused step, a `ponder.fused.step.FusedStep` subclass, as ``"module:Class"``
+    (``"ponder.fused.parity:FusedParityStep"``): imported when a group is built, by
+    `ponder.fused.key.fused_step`. A name, not an import, so that ``ponder.tasks`` (below the
+    trainers) never imports ``ponder.fused`` (above them)."""
+    streams: tuple[str, ...]
+    """The data streams on which it fuses. A task whose step draws noise of its own (MNIST's
+    dropout) fuses on the counter stream only."""
+    fields: tuple[str, ...] = ()
+    """Its own config fields that the members of one group share, besides every task's
+    (`ponder.fused.key.SHARED_FIELDS`): the stacked tensors' shapes (parity's ``n_elems``), the
+    data a group holds once (MNIST's ``data_dir`` and ``train_rotation``)."""
+
+
+@dataclass(frozen=True)
 class TaskDef(Generic[C]):
     """What is particular to one task; its name is its config class's ``task``."""
 
@@ -61,10 +83,13 @@ class TaskDef(Generic[C]):
     canonical_sets: tuple[str, ...]
     """The evaluation sets a study's Parquet has as columns from the start (any other set a
     study reports adds its columns when it appears)."""
-    fused_streams: tuple[str, ...] = ()
-    """The data streams on which `ponder.fused_trainer.FusedTrainer` trains the task's runs as one
-    model (a spec's ``fuse > 1``; its batched step is in ``ponder.fused*``); () where it has none.
-    A task whose step draws noise of its own (MNIST's dropout) fuses on the counter stream only."""
+    fused: Fusion | None = None
+    """How its runs train as one model; None where they cannot (``fuse = 1`` only)."""
+
+    @property
+    def fused_streams(self) -> tuple[str, ...]:
+        """The data streams on which its runs train fused; () where they cannot."""
+        return self.fused.streams if self.fused is not None else ()
 
     def fuse_refusal(self, *data_streams: str) -> str | None:
         """Why runs of this task on these data streams cannot train fused, in one line naming the

@@ -9,54 +9,18 @@
 - `study.records.parquet`: the Parquet contract (`SCHEMA_VERSION`, the trials and history
   tables, the leaderboard); `study.records.pareto`: the Pareto-optimal trials it marks.
 
-`study.records.records`' names are re-exported here, on first use: importing a module of this
-folder imports no other. No Ray, no torch.
+`study.records.records`' names (its ``__all__``) are re-exported here, on first use
+(`study.storage.lazy`): importing a module of this folder imports only those it needs. No Ray, no
+torch.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from study.records.records import (
-        END_OUTCOMES,
-        EndRecord,
-        StudyError,
-        ended_trial_ids,
-        finished_study,
-        has_ended,
-        load_study_spec,
-        read_end_record,
-        read_end_records,
-        read_ended,
-        read_reports,
-        relative_to_root,
-        with_config_defaults,
-        write_end_record,
-    )
+from study.storage.lazy import public_names
 
-__all__ = [
-    "END_OUTCOMES",
-    "EndRecord",
-    "StudyError",
-    "ended_trial_ids",
-    "finished_study",
-    "has_ended",
-    "load_study_spec",
-    "read_end_record",
-    "read_end_records",
-    "read_ended",
-    "read_reports",
-    "relative_to_root",
-    "with_config_defaults",
-    "write_end_record",
-]
+if TYPE_CHECKING:  # its names, typed, for mypy and editors
+    from study.records.records import *  # noqa: F403
 
-
-def __getattr__(name: str) -> Any:
-    """`study.records.records`'s names, imported when first asked for."""
-    if name not in __all__:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    from study.records import records
-
-    return getattr(records, name)
+__getattr__ = public_names(__name__, "study.records.records")

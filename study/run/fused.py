@@ -4,7 +4,7 @@ Every trial keeps its own Tune trainable, so it is its own Tune trial, Optuna tr
 reports, checkpoint and ASHA decision: nothing in the search, the scheduler, the records or resume
 knows about fusion. What changes is who trains. With ``[resources] fuse = K`` the trainable does
 not build a `Trainer`: it hands its run to the *fuser* of its device, a Ray actor holding a
-`ponder.fused_trainer.FusedTrainer` of K slots, and relays the member's metrics and checkpoints
+`ponder.fused.trainer.FusedTrainer` of K slots, and relays the member's metrics and checkpoints
 to Tune (`FusedRun`). Each trial reserves 1/K of ``[resources]``, so Tune places K trials on the
 CPUs and GPU one group uses.
 
@@ -12,7 +12,7 @@ CPUs and GPU one group uses.
   report it is *held*, so a trial that ASHA stops, or that Tune pauses, costs the group nothing;
   its slot goes to the next trial that needs one (the held member is evicted: its last report's
   checkpoint is with its trainable, which joins again from it if it is asked to go on).
-- A fuser trains one device's members of one shape (`ponder.fused.fusable_key`): trials that
+- A fuser trains one device's members of one shape (`ponder.fused.key.fusable_key`): trials that
   differ in ``n_hidden``, ``batch_size`` or the task go to different fusers.
 - The fusers belong to one `FuserRegistry` actor that the driver starts and stops, on the driver's
   own node: a study survives any node but the driver's, as unfused trials do. A lost node takes
@@ -96,7 +96,7 @@ class Fuser:
     def __init__(self, capacity: int, threads: int, unroll: int = 0) -> None:
         import torch
 
-        from ponder.fused_trainer import FusedTrainer
+        from ponder.fused.trainer import FusedTrainer
 
         torch.set_num_threads(threads)
         self._group = FusedTrainer(capacity, "auto", unroll=unroll)
@@ -326,7 +326,7 @@ class FuserRegistry:
 
 def _shape(config: dict[str, Any]) -> str:
     from ponder.config import config_from_dict, stored_config
-    from ponder.fused import fusable_key
+    from ponder.fused.key import fusable_key
 
     return repr(fusable_key(config_from_dict(stored_config(config))))
 
@@ -367,7 +367,7 @@ def start_fusion(
     """Start the driver's `FuserRegistry`: (what the trainables need, the registry's handle). The
     driver owns it, and it owns the fusers: all end when the driver disconnects from Ray.
     ``group_cpus``, ``group_gpus``: what one group uses (``[resources]``); ``unroll``: the study's
-    longest max_steps (`ponder.fused_trainer.FusedTrainer`'s)."""
+    longest max_steps (`ponder.fused.trainer.FusedTrainer`'s)."""
     name = f"ponder-fusers-{uuid.uuid4().hex[:12]}"
     # on the driver's node, not wherever Ray finds room: a worker node that leaves would take the
     # registry, and with it every fuser it owns on every node, not just its own trials

@@ -9,53 +9,19 @@
 - `study.search.warmstart`: an earlier study's best configurations as a new study's first trials;
 - `study.search.ray_private`: every reach into Ray's private attributes, in one place.
 
-`study.search.search`'s names are re-exported here, on first use: a study pickled before the
-folders names ``study.search.DivergenceAwareOptunaSearch``, and importing this folder for its
-trial map or warm start must not import Ray.
+`study.search.search`'s names (its ``__all__``) are re-exported here, on first use
+(`study.storage.lazy`): a study pickled before the folders names
+``study.search.DivergenceAwareOptunaSearch``, and importing this folder for its trial map or warm
+start must not import Ray.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from study.search.search import (
-        OUTCOME_ATTR,
-        STEP,
-        TUNE_ID_ATTR,
-        DivergenceAwareOptunaSearch,
-        OptunaSpace,
-        Reports,
-        SamplerRecipe,
-        SearcherStateError,
-        make_scheduler,
-        make_searcher,
-        optuna_storage,
-        param_space,
-        tpe_startup_trials,
-    )
+from study.storage.lazy import public_names
 
-__all__ = [
-    "OUTCOME_ATTR",
-    "STEP",
-    "TUNE_ID_ATTR",
-    "DivergenceAwareOptunaSearch",
-    "OptunaSpace",
-    "Reports",
-    "SamplerRecipe",
-    "SearcherStateError",
-    "make_scheduler",
-    "make_searcher",
-    "optuna_storage",
-    "param_space",
-    "tpe_startup_trials",
-]
+if TYPE_CHECKING:  # its names, typed, for mypy and editors
+    from study.search.search import *  # noqa: F403
 
-
-def __getattr__(name: str) -> Any:
-    """`study.search.search`'s names, imported (with Ray) when first asked for."""
-    if name not in __all__:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    from study.search import search
-
-    return getattr(search, name)
+__getattr__ = public_names(__name__, "study.search.search")

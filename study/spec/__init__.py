@@ -1,6 +1,9 @@
 """The study spec: one TOML file per named study, checked in full before Ray starts.
 
 - `study.spec.spec`: `StudySpec`, `load_spec`, `parse_spec`, `SpecError`;
+- `study.spec.errors`: `SpecError`, one line naming the key and the fix;
+- `study.spec.space`: a searched field (`Dimension`), and every corner of the space built as a config;
+- `study.spec.rules`: the checks across keys that the models cannot express;
 - `study.spec.shipped`: the shipped specs (``specs/*.toml``, `SPECS_DIR`, `list_specs`) and their
   former names (`SPEC_ALIASES`);
 - `study.spec.reference`: every spec key as the Markdown table of docs/specs.md;
@@ -9,62 +12,18 @@
 - `study.spec.check`: ``ponder-study check``, what running a spec would cost (not imported here:
   its estimate trains a few steps with torch).
 
-`study.spec.spec`'s names are re-exported here, on first use (a study pickled before the folders names
-``study.spec.StudySpec``); importing a module of this folder imports no other. No Ray, no torch.
+`study.spec.spec`'s names (its ``__all__``) are re-exported here, on first use (a study pickled
+before the folders names ``study.spec.StudySpec``: `study.storage.lazy`); importing a module of
+this folder imports only those it needs. No Ray, no torch.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from study.spec.spec import (
-        NAME_PATTERN,
-        SAMPLERS,
-        SPEC_ALIASES,
-        SPECS_DIR,
-        Dimension,
-        ResourcesSpec,
-        RunSpec,
-        SchedulerSpec,
-        SearchSpec,
-        SpecError,
-        StudySpec,
-        check_name,
-        json_schema,
-        list_specs,
-        load_spec,
-        parse_spec,
-        schema_text,
-        to_toml,
-    )
+from study.storage.lazy import public_names
 
-__all__ = [
-    "NAME_PATTERN",
-    "SAMPLERS",
-    "SPECS_DIR",
-    "SPEC_ALIASES",
-    "Dimension",
-    "ResourcesSpec",
-    "RunSpec",
-    "SchedulerSpec",
-    "SearchSpec",
-    "SpecError",
-    "StudySpec",
-    "check_name",
-    "json_schema",
-    "list_specs",
-    "load_spec",
-    "parse_spec",
-    "schema_text",
-    "to_toml",
-]
+if TYPE_CHECKING:  # its names, typed, for mypy and editors
+    from study.spec.spec import *  # noqa: F403
 
-
-def __getattr__(name: str) -> Any:
-    """`study.spec.spec`'s names, imported when first asked for."""
-    if name not in __all__:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    from study.spec import spec
-
-    return getattr(spec, name)
+__getattr__ = public_names(__name__, "study.spec.spec")

@@ -295,11 +295,11 @@ def measure(spec: StudySpec, budget_s: float = ESTIMATE_BUDGET_S, members: int =
     """Time real training iterations of the spec's task at the centre of its space (each range's
     middle, on a log scale where the range is; the middle listed value), eager, with the threads
     one trial (or fused group) gets; ``budget_s`` of training at most, after one warm-up iteration.
-    ``members`` > 1: a fused group of that many (`ponder.fused_trainer.FusedTrainer`, on a CPU at
+    ``members`` > 1: a fused group of that many (`ponder.fused.trainer.FusedTrainer`, on a CPU at
     most `TIMED_MEMBERS` of them, each its own seed), timed per member-iteration."""
     import torch
 
-    from ponder.fused_trainer import FusedTrainer
+    from ponder.fused.trainer import FusedTrainer
     from ponder.trainer import Trainer
 
     point = {d.name: _centre(d) for d in spec.space}

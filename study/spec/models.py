@@ -165,9 +165,10 @@ class ResourcesSpec(_Table):
     cpu: float = Field(1.0, gt=0)
     """CPUs per trial (with fuse > 1: per fused group)"""
     gpu: float = Field(0.0, ge=0)
-    """GPUs per trial (with fuse > 1: per fused group); a fraction (0.25) shares a GPU"""
+    """GPUs per trial (fuse > 1: per group, at most 1); a fraction (0.25) shares a GPU; above 1, whole"""
     fuse: int = Field(1, ge=1)
-    """up to this many trials trained as one model on one device; 1: a process a trial"""
+    """up to this many trials trained as one model on one device (with gpu at most 1), for a task
+    that fuses on the trials' data stream; 1: a process a trial"""
 
     @model_validator(mode="after")
     def _reservable(self) -> ResourcesSpec:

@@ -58,6 +58,16 @@ def section_rows() -> list[tuple[str, ...]]:
         "required",
         "the task the study trains",
     )
+    rows.append(
+        (
+            "`[space.<field>]`",
+            "table",
+            "required",
+            "a searched field of the task's config: a range (`low`, `high`, `log`) or a list of "
+            "`values`; a spec searches at least one (the fields' table below says which can be "
+            "searched, and how)",
+        )
+    )
     for dim, name in ((Range, "low"), (Range, "high"), (Range, "log"), (Values, "values")):
         kind = {
             "low": "the field's type",
@@ -100,6 +110,8 @@ def config_rows() -> list[tuple[str, ...]]:
         first = next(info for info in infos.values() if info is not None)
         defaults = tuple(_default(info) if info else "-" for info in infos.values())
         docs = list(dict.fromkeys(info.description or "" for info in infos.values() if info))
+        if len(docs) > 1:  # the field means something else in each task: say which is whose
+            docs = [f"{task}: {info.description or ''}" for task, info in infos.items() if info]
         space = next(spaces[task] for task, info in infos.items() if info)
         rows.append((f"`{name}`", _type(first.annotation), *defaults, _search(name, space), _meaning(*docs)))
     return rows
@@ -118,7 +130,31 @@ def _search(name: str, space: Any) -> str:
 
 
 def _row(key: str, info: FieldInfo, kind: str | None = None) -> tuple[str, str, str, str]:
-    return key, kind or _type(info.annotation), _default(info), _meaning(info.description or "")
+    return (
+        key,
+        kind or _type(info.annotation),
+        _default(info),
+        _meaning(info.description or "", "" if _said(info.description or "") else _bounds(info)),
+    )
+
+
+def _said(description: str) -> bool:
+    """Whether a key's description gives its bounds already, as an interval (``in [0, 2**32)``)."""
+    return re.search(r"\bin [\[(][^\])]*[\])]", description) is not None
+
+
+_BOUNDS = {"Gt": ("gt", "above"), "Ge": ("ge", "at least"), "Lt": ("lt", "below"), "Le": ("le", "at most")}
+"""pydantic's bounds (``Field(gt=1)``: annotated-types' ``Gt(gt=1)`` in the field's metadata) in words."""
+
+
+def _bounds(info: FieldInfo) -> str:
+    """The bounds the model enforces on a key's value, in words (``above 1``), or ''."""
+    said = []
+    for bound in info.metadata:
+        kind = _BOUNDS.get(type(bound).__name__)
+        if kind is not None:
+            said.append(f"{kind[1]} {_toml(getattr(bound, kind[0]))}")
+    return ", ".join(said)
 
 
 def _type(annotation: Any) -> str:

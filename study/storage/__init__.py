@@ -7,93 +7,23 @@ which imports nothing else of study.
 - `study.storage.filesystems`: a storage root as a path or URI and the pyarrow filesystem behind it;
 - `study.storage.files`: whole files read in one go, replaced atomically, created only once;
 - `study.storage.commands`, `study.storage.hints`: ``ponder-study`` as the user's shell reaches
-  it, and the command lines printed to paste (which name ``--storage`` when not the default).
+  it, and the command lines printed to paste (which name ``--storage`` when not the default);
+- `study.storage.lazy`: how this folder and the three above it re-export their main
+  module's names.
 
-`study.storage.storage`'s names are re-exported here, on first use (a study pickled before the folders names
-``study.storage.StudyPaths``), and the entry point imports `study.storage.commands` before anything
-heavy: importing a module of this folder imports no other. No Ray, no torch.
+`study.storage.storage`'s names (its ``__all__``) are re-exported here, on first use (a study
+pickled before the folders names ``study.storage.StudyPaths``), and the entry point imports
+`study.storage.commands` before anything heavy: importing a module of this folder imports no other
+(but `study.storage.lazy`). No Ray, no torch.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from study.storage.storage import (
-        CHECKPOINT_FILE,
-        FRAGMENT_PREFIX,
-        JOURNAL_CACHE_ENV,
-        StorageError,
-        StudyPaths,
-        check_reachable,
-        check_writable,
-        create_bytes,
-        expand_storage,
-        has_scheme,
-        is_remote,
-        is_shared,
-        join,
-        journal_cache,
-        list_studies,
-        nearest_existing,
-        parquet_from_bytes,
-        parquet_state,
-        read_bytes,
-        read_json,
-        read_study_table,
-        read_table,
-        replaced_folder,
-        resolve,
-        save_reports,
-        share_filesystems_when_copied,
-        table_files,
-        to_uri,
-        trial_reports,
-        write_bytes,
-        write_json,
-        write_parquet,
-    )
+from study.storage.lazy import public_names
 
-__all__ = [
-    "CHECKPOINT_FILE",
-    "FRAGMENT_PREFIX",
-    "JOURNAL_CACHE_ENV",
-    "StorageError",
-    "StudyPaths",
-    "check_reachable",
-    "check_writable",
-    "create_bytes",
-    "expand_storage",
-    "has_scheme",
-    "is_remote",
-    "is_shared",
-    "join",
-    "journal_cache",
-    "list_studies",
-    "nearest_existing",
-    "parquet_from_bytes",
-    "parquet_state",
-    "read_bytes",
-    "read_json",
-    "read_study_table",
-    "read_table",
-    "replaced_folder",
-    "resolve",
-    "save_reports",
-    "share_filesystems_when_copied",
-    "table_files",
-    "to_uri",
-    "trial_reports",
-    "write_bytes",
-    "write_json",
-    "write_parquet",
-]
+if TYPE_CHECKING:  # its names, typed, for mypy and editors
+    from study.storage.storage import *  # noqa: F403
 
-
-def __getattr__(name: str) -> Any:
-    """`study.storage.storage`'s names, imported when first asked for."""
-    if name not in __all__:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    from study.storage import storage
-
-    return getattr(storage, name)
+__getattr__ = public_names(__name__, "study.storage.storage")

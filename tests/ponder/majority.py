@@ -4,22 +4,30 @@ It shows what a new task is: a config class, a step function, a batch sampler (f
 and from counter-stream words: `ponder.streams`), fixed evaluation sets, their names and a chance
 level, put in the registry by `ponder.tasks.register`. Only the
 tests that use it register it (`majority_task`), so the rest of the suite sees two tasks.
+
+It trains fused too, declared in this module only: its fused step (`FusedMajorityStep`, parity's
+GRU twin with its own counter-stream batches) named in its `TaskDef`'s ``fused``, with the field
+its groups share besides every task's (``n_bits``). Nothing in ``ponder/`` names it.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
 from torch import nn
 
-from ponder.config import ConfigError, PonderConfig
+from ponder.config import ConfigError, KLDirection, PonderConfig
 from ponder.data import EvalSet
+from ponder.fused.loss import Losses
+from ponder.fused.parity import FusedParityStep
+from ponder.fused.step import fused_forward_loss
 from ponder.model import PonderNet, StepFunction
-from ponder.tasks import Batch, Task, TaskDef, register, registered, unregister
+from ponder.streams import iteration_keys, stream_words
+from ponder.tasks import Batch, Fusion, Task, TaskDef, register, registered, unregister
 
 
 @dataclass
@@ -79,13 +87,54 @@ def build(config: MajorityConfig, device: torch.device, data: object | None = No
     def sample_batch(gen: torch.Generator) -> Batch:
         return majority_batch(config.batch_size, config.n_bits, gen, device)
 
-    def stream_batch(words: torch.Tensor) -> Batch:  # the counter stream: a bit a word
-        x = (words & 1).view(config.batch_size, config.n_bits).float()  # [B, n_bits]
-        return x, (x.sum(dim=1) > config.n_bits / 2).float()
+    def stream_batch(words: torch.Tensor) -> Batch:  # the counter stream: a bit a word  # [1, W]
+        x, y = stream_bits(words, config.batch_size, config.n_bits)
+        return x[0], y[0]  # [B, n_bits], [B]
 
     x, y = majority_batch(config.eval_samples, config.n_bits, torch.Generator().manual_seed(config.seed))
     test = {"test": EvalSet("test", x.to(device), y.to(device))}
     return Task(model, sample_batch, test, config.batch_size * config.n_bits, stream_batch)
+
+
+def stream_bits(words: torch.Tensor, batch_size: int, n_bits: int) -> Batch:
+    """K runs' batches ``(x [K, B, n_bits], y [K, B])`` from their words ``[K, B * n_bits]``: a bit a word."""
+    x = (words & 1).view(words.shape[0], batch_size, n_bits).float()  # [K, B, n_bits]
+    return x, (x.sum(dim=2) > n_bits / 2).float()
+
+
+@dataclass(frozen=True)
+class FusedMajorityStep(FusedParityStep):
+    """`MajorityStep` over K rows: the same layers as parity's step (a GRU cell, two linear
+    heads), so parity's twin; each row's batch drawn from its counter stream as `build`'s is."""
+
+    def stream_loss(
+        self,
+        flat: torch.Tensor,
+        base: torch.Tensor,
+        k0: torch.Tensor,
+        iterations: torch.Tensor,
+        batch_size: int,
+        log_prior: torch.Tensor,
+        beta: torch.Tensor,
+        max_steps: torch.Tensor,
+        n_steps: int,
+        kl_direction: KLDirection,
+        active: Sequence[int] | None = None,
+    ) -> Losses:
+        words = stream_words(base, iteration_keys(k0, iterations))  # [K, B * n_bits]
+        x, y = stream_bits(words, batch_size, self.inputs)  # [K, B, n_bits], [K, B]
+        return fused_forward_loss(
+            self, flat, x, y, None, log_prior, beta, max_steps, n_steps, kl_direction, active
+        )
+
+    @staticmethod
+    def stream_width(config: PonderConfig, n_steps: int) -> int:
+        assert isinstance(config, MajorityConfig)
+        return config.batch_size * config.n_bits
+
+    @staticmethod
+    def row_data(trainers: Sequence[object], device: torch.device) -> tuple[torch.Tensor, ...]:
+        return ()  # a batch reads its words only (parity's reads each row's non-zero range)
 
 
 TASK: TaskDef[MajorityConfig] = TaskDef(
@@ -94,6 +143,11 @@ TASK: TaskDef[MajorityConfig] = TaskDef(
     eval_set_names=lambda config: ["test"],
     chance=0.5,  # the answer is one bit, 1 half the time
     canonical_sets=("test",),
+    fused=Fusion(
+        step="tests.ponder.majority:FusedMajorityStep",
+        streams=("counter", "generator"),
+        fields=("n_bits",),  # the width of the stacked inputs
+    ),
 )
 
 

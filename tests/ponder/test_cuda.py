@@ -136,7 +136,7 @@ def test_fused_members_on_cuda_compute_what_their_plain_cuda_runs_compute(compil
     """Three members (own lambda_p, beta, lr, seed, max_steps) trained fused on the GPU, eager
     (``off``) and compiled (``auto``: what a fused study on a GPU runs): each one's loss at every
     iteration and its metrics at each evaluation are its plain eager CUDA run's."""
-    from ponder.fused_trainer import FusedTrainer
+    from ponder.fused.trainer import FusedTrainer
 
     configs = [
         ParityConfig(**{**PARITY, "max_steps": m}, lambda_p=lp, beta=b, lr=lr, seed=s, device="cuda",  # type: ignore[arg-type]

@@ -14,15 +14,13 @@ import torch
 
 from bench import fused_speed
 from ponder.config import MnistConfig, ParityConfig
-from ponder.fused import (
-    fusable_key,
-    fused_gru_unroll,
-    fused_log_halting_distribution,
-    fused_ponder_loss,
-    padded_log_prior,
-)
-from ponder.fused_adam import RowAdam
-from ponder.fused_trainer import COMPILED_STEPS, FusedTrainer
+from ponder.fused.adam import RowAdam
+from ponder.fused.halting import fused_log_halting_distribution, padded_log_prior
+from ponder.fused.key import fusable_key
+from ponder.fused.loss import fused_ponder_loss
+from ponder.fused.parity import gru_unroll as fused_gru_unroll
+from ponder.fused.plan import COMPILED_STEPS
+from ponder.fused.trainer import FusedTrainer
 from ponder.halting import log_geometric_prior, log_halting_distribution
 from ponder.model import PonderOutput
 from ponder.trainer import TIMING_KEYS, Metrics, Trainer, ponder_loss

@@ -14,8 +14,8 @@ import torch
 from bench import fused_speed
 from ponder.config import MnistConfig
 from ponder.data.mnist import MnistData
-from ponder.fused import FUSED_KEY_FIELDS, fusable_key
-from ponder.fused_trainer import FUSED_TASKS, FusedTrainer
+from ponder.fused.key import FUSED_KEY_FIELDS, FUSED_TASKS, fusable_key
+from ponder.fused.trainer import FusedTrainer
 from ponder.tasks import registered
 from ponder.trainer import Trainer
 from tests.ponder.test_compile import COMPILES, shared_cache  # noqa: F401  (a fixture)

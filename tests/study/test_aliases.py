@@ -176,8 +176,8 @@ def test_the_folders_import_neither_ray_nor_torch() -> None:
     ],
 )
 def test_a_folder_re_exports_its_main_modules_public_names(folder: str, module: str) -> None:
-    """A folder's ``__all__`` is written out (reading it from the module would import it, which the
-    folder defers); it must stay the module's, every name the module's own object."""
+    """A folder's names are its main module's ``__all__``, listed there once and imported when first
+    asked for (`study.storage.lazy`): every name the module's own object."""
     package, main = importlib.import_module(folder), importlib.import_module(module)
     assert sorted(package.__all__) == sorted(main.__all__)
     for name in main.__all__:

@@ -3,9 +3,9 @@
 `FusedTrainer` holds K slots. A run joins a free slot (from its config, or from a plain `Trainer`
 checkpoint to continue it) and leaves it when the driver says (a scheduler stopped it) or after it
 finished (completed, diverged); the others train on unharmed. One `FusedTrainer.step` is one
-iteration of every running member: one batched forward and backward (the task's
-`ponder.fused_task.FusedTask`: parity's in `ponder.fused`, MNIST's in `ponder.fused_mnist`), one
-elementwise Adam over the stacked rows (`ponder.fused_adam.RowAdam`).
+iteration of every running member: one batched forward and backward (the task's fused step,
+`ponder.fused.step.FusedStep`: parity's in `ponder.fused.parity`, MNIST's in `ponder.fused.mnist`),
+one elementwise Adam over the stacked rows (`ponder.fused.adam.RowAdam`).
 
 Each member is a plain `Trainer` built from its config (the member's *plain trainer*): its
 initial weights, its data stream (its own generator, so member k sees exactly the batches a plain
@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,23 +43,20 @@ import torch
 from ponder.compiled import compile_mode, share_compile_cache, should_compile, uses_cuda_graphs
 from ponder.config import PonderConfig
 from ponder.cpu import keep_freed_memory
-from ponder.fused import PARITY, ParamLayout, fusable_key, fusable_mismatch, padded_log_prior
-from ponder.fused_adam import RowAdam
-from ponder.fused_mnist import MNIST
-from ponder.fused_task import FusedTask, LossFn
+from ponder.fused.adam import RowAdam
+from ponder.fused.key import Key, fusable_key, fusable_mismatch, fused_step
+from ponder.fused.layout import ParamLayout
+from ponder.fused.loss import Losses
+from ponder.fused.plan import COMPILED_STEPS, Plan, build_plan, unrolled_steps
+from ponder.fused.step import FusedStep, fused_forward_loss
 from ponder.streams import seed_keys, stream_base
+from ponder.tasks import task_of
 from ponder.trainer import Metrics, StepResult, Trainer, resolve_device
 
 __all__ = ["COMPILED_STEPS", "FusedTrainer"]
 
-Key = tuple[tuple[str, object], ...]
-
-FUSED_TASKS: dict[str, FusedTask] = {"parity": PARITY, "mnist": MNIST}
-"""Each fusable task's batched step, by task name."""
-
-COMPILED_STEPS = 4
-"""A compiled group unrolls a multiple of this many steps (the rows past their own max_steps are
-masked, so a few more cost arithmetic, not results)."""
+LossFn = Callable[..., Losses]
+"""A fused step's loss, eager or compiled: (L, L_rec, L_reg), each ``[R]``."""
 
 
 @dataclass
@@ -76,26 +74,6 @@ class _Member:
         return self.trainer.outcome == "running" and not self.held
 
 
-@dataclass(frozen=True)
-class _Plan:
-    """The batched step's per-row inputs for one set of rows (rebuilt when the set changes)."""
-
-    slots: tuple[int, ...]  # the slot of each row computed
-    trained: tuple[bool, ...]  # whether the row's slot has a running member (else padding)
-    mask: torch.Tensor  # `trained` as a tensor  # [R]
-    index: torch.Tensor | None  # `slots` as a tensor, None when they are all K  # [R]
-    n_steps: int  # N = max over the rows' max_steps
-    active: tuple[int, ...] | None  # rows computed at each step (longest first), None: all  # [N]
-    max_steps: torch.Tensor  # [R]
-    log_prior: torch.Tensor  # [R, N]
-    beta: torch.Tensor  # [R]
-    max_norm: torch.Tensor  # the gradient clip, inf where off  # [R]
-    max_nan: torch.Tensor  # NaN events a member may have before it diverges  # [R]
-    data: tuple[torch.Tensor, ...]  # the task's per-row inputs (`FusedTask.row_data`)
-    base: torch.Tensor  # its counter stream's `stream_base` (counter groups)  # [R, W]
-    k0: torch.Tensor  # its counter stream's seed key  # [R]
-
-
 class FusedTrainer:
     """Up to ``capacity`` runs of one task trained together as one stacked model on ``device``.
 
@@ -105,7 +83,7 @@ class FusedTrainer:
     compiled graph keeps one shape. Eager, a member stops costing arithmetic after its own
     max_steps. None (the default): as the members' ``compile`` says
     (`ponder.compiled.should_compile`, decided when the first member joins; ``compile`` is one of
-    `ponder.fused.FUSED_KEY_FIELDS`). ``unroll``: compiled, unroll at least this many steps from
+    `ponder.fused.key.SHARED_FIELDS`). ``unroll``: compiled, unroll at least this many steps from
     the start (the longest max_steps the members may have, where the caller knows it: one compile,
     not one per longer member).
     """
@@ -119,19 +97,20 @@ class FusedTrainer:
         self.capacity = capacity
         self.device = resolve_device(device) if isinstance(device, str) else device
         self._compile = compile
-        self.compiled = False
-        """Whether the step runs compiled (with ``compile=None``, set when the first member joins)."""
+        self.compiled = bool(compile)
+        """Whether the step runs compiled (with ``compile=None``, set when the first member joins;
+        the step is compiled when the first member's task is known)."""
         self._graphs = False  # compiled on CUDA: the step replays CUDA graphs
         self._members: dict[int, _Member] = {}
         self._key: Key | None = None
         self._layout: ParamLayout | None = None
         self._weights: torch.Tensor | None = None  # row k: slot k's parameters  # [K, P]
         self._adam: RowAdam | None = None
-        self._plan: _Plan | None = None
-        self._task = PARITY  # the batched step: the first member's task's (`FUSED_TASKS`)
+        self._plan: Plan | None = None
+        self._step: FusedStep | None = None  # the group's fused step, its first member's task's
         self._counter = True  # the group draws from counter streams (else a generator per member)
-        self._forward_loss: LossFn | None = PARITY.forward_loss
-        self._stream_loss: LossFn = PARITY.stream_loss
+        self._forward_loss: LossFn = fused_forward_loss  # a generator-stream group's
+        self._stream_loss: LossFn | None = None  # a counter-stream group's: its fused step's
         self._compiled_steps = 0  # the longest unroll compiled so far
         self._unroll = unroll
         # what an iteration counts per slot, on the device, read when a report falls due
@@ -146,8 +125,6 @@ class FusedTrainer:
         self._base: torch.Tensor | None = None  # the counter streams' bases, grown as needed  # [K, W]
         self._shared: tuple[torch.Tensor, ...] = ()  # what every member's batches read, held once
         self._last: tuple[tuple[int, ...], torch.Tensor, torch.Tensor, torch.Tensor] | None = None
-        if compile:
-            self._use_compiled()
 
     # -- slots ----------------------------------------------------------------------------------
     @property
@@ -188,8 +165,10 @@ class FusedTrainer:
         plain `Trainer` of it starts from), or, with ``state`` (`Trainer.state_dict`'s dict), that
         run continued exactly; ``data``: the task's own data, as `Trainer` takes it (MNIST's
         `MnistData`; None, the task's default). ValueError if the config cannot join this group
-        (its task, a shape, the data stream or the device differs: `ponder.fused.fusable_key`; or
-        it reads other training images), no slot is free, or the run is over."""
+        (its task, a shape, the data stream or the device differs: `ponder.fused.key.fusable_key`;
+        or it reads other training images), no slot is free, or the run is over; for the first
+        member, also if the task's fused step does not read every parameter and layer of its plain
+        model (`ponder.fused.step.FusedStep.of`, naming the first it does not)."""
         key = fusable_key(config)
         if self._members and self._key is not None:
             mismatch = fusable_mismatch(self._key, config)
@@ -204,25 +183,32 @@ class FusedTrainer:
             trainer.load_state_dict(state)
         if trainer.outcome != "running":
             raise ValueError(f"the run is {trainer.outcome} already: nothing to train")
-        task = FUSED_TASKS[config.task]
-        shared = task.shared(trainer)
-        if self._members and any(a is not b for a, b in zip(shared, self._shared, strict=True)):
-            raise ValueError("cannot join this fused group: its training images are not the group's")
-        slot = self.free_slots[0]
-        if not self._members:  # a new group: its key, shapes, data and stream are this member's
+        step_class = fused_step(task_of(config))
+        shared = step_class.shared(trainer)
+        if self._members:
+            if any(a is not b for a, b in zip(shared, self._shared, strict=True)):
+                raise ValueError("cannot join this fused group: its training images are not the group's")
+            if ParamLayout.of(trainer.model) != self._layout:
+                raise ValueError("cannot join this fused group: its model's parameters are not the group's")
+        else:  # a new group: its fused step, key, shapes, data and stream are this member's
+            step = step_class.of(trainer.model)  # ValueError naming a plain layer it does not read
             self._key, self._shared = key, shared
             self._base = None
-            self._allocate(ParamLayout.of(trainer.model))
+            self._allocate(step.layout)
             self._counter = config.data_stream == "counter"
-            if task is not self._task:
-                self._task = task
+            if self._step is None or type(step) is not type(self._step):  # another task's step
+                self._step = step
                 self._use_compiled(self.compiled, again=True)  # the task's step, compiled as it was
+            elif step != self._step:  # the same task's, read from another plain model
+                self._step = step
             if self._compile is None:  # the group's members say (a new group may say otherwise)
                 self._use_compiled(should_compile(config.compile, self.device))
-        assert self._weights is not None and self._layout is not None
+        slot = self.free_slots[0]
+        assert self._weights is not None and self._layout is not None and self._adam is not None
         with torch.no_grad():
             self._weights[slot] = self._layout.read(trainer.model)
-        self._lrs[slot] = self._load_adam(slot, trainer)
+        # its torch Adam holds a checkpoint's state, if any; its learning rate is the Adam's own
+        self._lrs[slot] = self._adam.load(slot, trainer.optimizer, list(trainer.model.parameters()))
         self._iterations[slot] = trainer.iteration
         self._nan_events[slot] = trainer.nan_events
         self._finite[slot] = 0
@@ -274,8 +260,8 @@ class FusedTrainer:
             return []
         start = time.perf_counter()
         plan = self._current_plan(members)
-        weights, adam, layout = self._weights, self._adam, self._layout
-        assert weights is not None and adam is not None and layout is not None
+        weights, adam, step = self._weights, self._adam, self._step
+        assert weights is not None and adam is not None and step is not None
         index = plan.index
 
         def rows(t: torch.Tensor) -> torch.Tensor:  # the plan's rows of a [K, ...] tensor  # [R, ...]
@@ -292,11 +278,11 @@ class FusedTrainer:
         if self._counter:  # counter streams: every row's batch drawn inside the step
             batch_size = members[0].trainer.config.batch_size
             stream = (plan.base, plan.k0, iterations, *plan.data, batch_size)
-            loss, rec, reg = self._stream_loss(layout, flat, *stream, *losses)  # [R] each
+            assert self._stream_loss is not None
+            loss, rec, reg = self._stream_loss(step, flat, *stream, *losses)  # [R] each
         else:  # generator streams (parity): a draw per member, as their plain runs made
-            assert self._forward_loss is not None
             x, y = self._batches(members, plan)  # [R, B, I], [R, B]
-            loss, rec, reg = self._forward_loss(layout, flat, x, y, *losses)  # [R] each
+            loss, rec, reg = self._forward_loss(step, flat, x, y, None, *losses)  # [R] each
         # a member's non-finite loss is masked out before backward: its row gets no gradient that
         # counts, and the other rows' gradients never see it (each loss reads its own row only)
         loss_ok = torch.isfinite(loss) & live  # [R]
@@ -441,20 +427,23 @@ class FusedTrainer:
             self._sums.index_fill_(0, index, 0.0)
 
     def _use_compiled(self, compiled: bool = True, again: bool = False) -> None:
-        """Run the task's step through ``torch.compile`` from now on (or eagerly: ``compiled=False``);
-        ``again``: make the step anew even if ``compiled`` is as it was (the task changed)."""
+        """Run the group's fused step (`ponder.fused.step.FusedStep.stream_loss`, or
+        `ponder.fused.step.fused_forward_loss` for generator streams) through ``torch.compile`` from
+        now on (or eagerly: ``compiled=False``); ``again``: make it anew even if ``compiled`` is as
+        it was (the task changed)."""
         if compiled == self.compiled and not again:
             return
-        task = self._task
-        self._forward_loss, self._stream_loss = task.forward_loss, task.stream_loss
+        assert self._step is not None
+        stream_loss = type(self._step).stream_loss
+        self._forward_loss, self._stream_loss = fused_forward_loss, stream_loss
         self._graphs = compiled and uses_cuda_graphs(self.device)
         if compiled:
             share_compile_cache()  # the machine's Inductor cache, as `Trainer` compiles with
             # static shapes: K rows always (free slots padded), N changes only upwards
             mode = compile_mode(self.device)
-            if task.forward_loss is not None:
-                self._forward_loss = torch.compile(task.forward_loss, dynamic=False, mode=mode)
-            self._stream_loss = torch.compile(task.stream_loss, dynamic=False, mode=mode)
+            # each compiles when first called: a group runs one of them, as its stream says
+            self._forward_loss = torch.compile(fused_forward_loss, dynamic=False, mode=mode)
+            self._stream_loss = torch.compile(stream_loss, dynamic=False, mode=mode)
         self.compiled = compiled
         self._compiled_steps = 0
         self._plan = None
@@ -467,108 +456,34 @@ class FusedTrainer:
         self._weights = torch.zeros(self.capacity, layout.size, device=self.device, requires_grad=True)
         self._adam = RowAdam(self.capacity, layout.size, self.device)
 
-    def _load_adam(self, slot: int, trainer: Trainer) -> float:
-        """Put the trainer's Adam state (a checkpoint's, or none) into the slot's Adam row and return
-        its learning rate (the one its torch Adam would use: a checkpoint's own, as on load)."""
-        assert self._adam is not None
-        optimizer = trainer.optimizer  # a torch Adam with the checkpoint's state loaded, if any
-        group = optimizer.param_groups[0]
-        if tuple(group["betas"]) != self._adam.betas or group["eps"] != self._adam.eps:
-            raise ValueError(f"Adam betas {group['betas']} and eps {group['eps']} are not the defaults")
-        states = [optimizer.state.get(p) for p in trainer.model.parameters()]
-        if all(states):
-            m = torch.cat([s["exp_avg"].reshape(-1) for s in states])  # type: ignore[index]
-            v = torch.cat([s["exp_avg_sq"].reshape(-1) for s in states])  # type: ignore[index]
-            self._adam.reset(slot, m, v, int(states[0]["step"]))  # type: ignore[index]
-        else:  # no update made yet
-            self._adam.reset(slot)
-        return float(group["lr"])
-
     def _write_back(self, member: _Member, with_adam: bool) -> None:
         """Copy the member's row into its plain trainer's model (and, ``with_adam``, its Adam state
-        into the trainer's torch Adam, the state ``torch.optim.Adam(fused=True)`` would hold)."""
+        into the trainer's torch Adam: `ponder.fused.adam.RowAdam.store`)."""
         assert self._layout is not None and self._weights is not None and self._adam is not None
         trainer, slot = member.trainer, member.slot
         self._layout.write(self._weights[slot].detach(), trainer.model)
-        if not with_adam:
-            return
-        optimizer = trainer.optimizer
-        optimizer.state.clear()
-        step = self._adam.step_count(slot)
-        if step == 0:  # no update made yet: torch's Adam has no state either
-            return
-        sizes = self._layout.sizes
-        moments = zip(
-            torch.split(self._adam.exp_avg[slot], sizes),
-            torch.split(self._adam.exp_avg_sq[slot], sizes),
-            strict=True,
-        )
-        for p, (m, v) in zip(trainer.model.parameters(), moments, strict=True):
-            optimizer.state[p] = {
-                "step": torch.tensor(float(step), dtype=torch.float32, device=self.device),
-                "exp_avg": m.view(p.shape).clone(),
-                "exp_avg_sq": v.view(p.shape).clone(),
-            }
+        if with_adam:
+            self._adam.store(slot, trainer.optimizer, list(trainer.model.parameters()))
 
-    def _current_plan(self, members: list[_Member]) -> _Plan:
-        """The plan for these members' rows (cached while the set of running slots is the same)."""
+    def _current_plan(self, members: list[_Member]) -> Plan:
+        """The plan for these members' rows (`ponder.fused.plan`), cached while the set of running
+        slots is the same."""
+        assert self._step is not None
         running = tuple(m.slot for m in members)
-        # compiled: every slot, the others as padding rows, so the compiled graph keeps one shape;
-        # eager: the running rows, longest max_steps first, so each step computes a prefix of rows
-        # (`ponder.fused.fused_gru_unroll`'s ``active``): a short member stops costing at its N_k;
-        # for a task that computes every row at every step (`FusedTask.ordered` False), as they are
-        ordered = self._task.ordered and not self.compiled
+        ordered = self._step.ordered and not self.compiled
         by_steps = sorted(running, key=lambda s: (-self._members[s].trainer.config.max_steps, s))
         slots = tuple(range(self.capacity)) if self.compiled else tuple(by_steps if ordered else running)
-        if (
-            self._plan is not None
-            and self._plan.slots == slots
-            and self._plan.trained == tuple(s in running for s in slots)
-        ):
-            return self._plan
         trained = tuple(s in running for s in slots)
-        configs = [
-            self._members[s].trainer.config if t else None for s, t in zip(slots, trained, strict=True)
-        ]
-        n_steps = max(c.max_steps for c in configs if c is not None)
-        if self.compiled:  # N only grows: each new N is a compile, a shorter one would be another;
-            # and in steps of COMPILED_STEPS, so that a study's max_steps of 4-20 compile at most 5
-            # times, within torch.compile's 8 shapes a process (past them it runs eagerly, silently)
-            n_steps = -(-max(n_steps, self._unroll) // COMPILED_STEPS) * COMPILED_STEPS
-            n_steps = self._compiled_steps = max(n_steps, self._compiled_steps)
-        dev = self.device
-        priors = [
-            padded_log_prior(self._members[s].trainer.log_prior, n_steps)
-            if t
-            else torch.zeros(n_steps, device=dev)
-            for s, t in zip(slots, trained, strict=True)
-        ]
-        index = None if slots == tuple(range(self.capacity)) else torch.tensor(slots, device=dev)
-        own_steps = [c.max_steps for c in configs if c is not None]  # non-increasing when eager
-        active = tuple(sum(m > n for m in own_steps) for n in range(n_steps)) if ordered else None
+        if self._plan is not None and self._plan.slots == slots and self._plan.trained == trained:
+            return self._plan
         trainers = [self._members[s].trainer if t else None for s, t in zip(slots, trained, strict=True)]
-        base = torch.zeros(self.capacity, 0, dtype=torch.int64)
-        if self._counter:  # the words every row reads at N steps
-            width = max(self._task.stream_width(c, n_steps) for c in configs if c is not None)
-            base = self._stream_rows(width)[:, :width]
-        self._plan = _Plan(
-            slots=slots,
-            trained=trained,
-            mask=torch.tensor(trained, device=dev),
-            index=index,
-            n_steps=n_steps,
-            active=active,
-            max_steps=torch.tensor([c.max_steps if c else 1 for c in configs], device=dev),
-            log_prior=torch.stack(priors),
-            beta=torch.tensor([c.beta if c else 0.0 for c in configs], device=dev),
-            max_norm=torch.tensor(
-                [c.grad_clip if c and c.grad_clip > 0 else math.inf for c in configs], device=dev
-            ),
-            max_nan=torch.tensor([c.max_nan_events if c else 0 for c in configs], device=dev),
-            data=self._task.row_data(trainers, dev),
-            base=base if index is None else base.index_select(0, index.to(base.device)),
-            k0=self._k0 if index is None else self._k0.index_select(0, index),
-        )
+        longest = max(t.config.max_steps for t in trainers if t is not None)
+        n_steps = unrolled_steps(longest, self.compiled, self._unroll, self._compiled_steps)
+        if self.compiled:
+            self._compiled_steps = n_steps
+        rows = self._stream_rows if self._counter else None
+        step, k0 = type(self._step), self._k0
+        self._plan = build_plan(step, slots, trainers, n_steps, ordered, rows, k0, self.capacity, self.device)
         return self._plan
 
     def _stream_rows(self, width: int) -> torch.Tensor:
@@ -578,7 +493,7 @@ class FusedTrainer:
             self._base = stream_base(self._k0, width)
         return self._base
 
-    def _batches(self, members: list[_Member], plan: _Plan) -> tuple[torch.Tensor, torch.Tensor]:
+    def _batches(self, members: list[_Member], plan: Plan) -> tuple[torch.Tensor, torch.Tensor]:
         """Each row's training batch from its member's own generator (zeros for padding rows): the
         generator stream of runs made before counter streams, one draw per member."""
         batches = {m.slot: m.trainer.sample_batch(m.trainer.generator) for m in members}

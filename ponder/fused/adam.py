@@ -8,6 +8,10 @@ to one that starts at 0) and have their own learning rates, and a member whose l
 skips its update without moving its step count. Adam is elementwise, so K Adams over K rows are
 the same ops as one, with per-row scalars.
 
+A member's row and its plain trainer's ``torch.optim.Adam`` exchange their state when it joins
+(`RowAdam.load`) and when it is checkpointed or leaves (`RowAdam.store`), so its checkpoint is a
+plain one.
+
 The math is ``torch.optim.Adam(..., fused=True)``'s (what `ponder.trainer.Trainer` uses), per row
 k with t its step count after this update (``amsgrad``, ``maximize`` and weight decay are off):
 
@@ -16,6 +20,8 @@ k with t its step count after this update (``amsgrad``, ``maximize`` and weight 
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import torch
 
@@ -82,3 +88,35 @@ class RowAdam:
         params.copy_(torch.where(mask, new_params, params))
         self.exp_avg.copy_(torch.where(mask, m, self.exp_avg))
         self.exp_avg_sq.copy_(torch.where(mask, v, self.exp_avg_sq))
+
+    def load(self, row: int, optimizer: torch.optim.Optimizer, params: Sequence[torch.Tensor]) -> float:
+        """Put ``optimizer``'s state of ``params`` (a checkpoint's, or none) into ``row`` and return
+        its learning rate (the one the torch Adam would use: a checkpoint's own, as on load).
+        ValueError where its betas or eps are not this Adam's."""
+        group = optimizer.param_groups[0]
+        if tuple(group["betas"]) != self.betas or group["eps"] != self.eps:
+            raise ValueError(f"Adam betas {group['betas']} and eps {group['eps']} are not the defaults")
+        states = [optimizer.state.get(p) for p in params]
+        if all(states):
+            m = torch.cat([s["exp_avg"].reshape(-1) for s in states])  # type: ignore[index]
+            v = torch.cat([s["exp_avg_sq"].reshape(-1) for s in states])  # type: ignore[index]
+            self.reset(row, m, v, int(states[0]["step"]))  # type: ignore[index]
+        else:  # no update made yet
+            self.reset(row)
+        return float(group["lr"])
+
+    def store(self, row: int, optimizer: torch.optim.Optimizer, params: Sequence[torch.Tensor]) -> None:
+        """Replace ``optimizer``'s state with ``row``'s, the state ``torch.optim.Adam(fused=True)``
+        would hold after the same updates of ``params`` (the row's parameters, in order)."""
+        optimizer.state.clear()
+        step = self.step_count(row)
+        if step == 0:  # no update made yet: torch's Adam has no state either
+            return
+        sizes = [p.numel() for p in params]
+        m_rows, v_rows = torch.split(self.exp_avg[row], sizes), torch.split(self.exp_avg_sq[row], sizes)
+        for p, m, v in zip(params, m_rows, v_rows, strict=True):
+            optimizer.state[p] = {
+                "step": torch.tensor(float(step), dtype=torch.float32, device=self.steps.device),
+                "exp_avg": m.view(p.shape).clone(),
+                "exp_avg_sq": v.view(p.shape).clone(),
+            }
