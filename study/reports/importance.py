@@ -56,6 +56,9 @@ class Importances:
     why: str | None = None
     """Why there is no result (too few trials, no journal, nothing searched); None when there is."""
 
+    def __str__(self) -> str:
+        return "\n".join(self.lines())
+
     def lines(self) -> list[str]:
         """The importances as text, one line per objective (or one line saying why none)."""
         if self.why is not None:
