@@ -61,7 +61,7 @@ def step_case(request: pytest.FixtureRequest) -> StepCase:
     return case
 
 
-RAY_FIXTURES = frozenset({"smoke", "s3", "cluster", "driver"})
+RAY_FIXTURES = frozenset({"smoke", "s3", "cluster", "driver", "api"})
 """Fixtures that start Ray, a CLI driver or moto's server."""
 
 
@@ -81,10 +81,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 LONGEST_MODULES = (
     "test_kill_campaign.py",
     "test_resume.py",
+    "test_api.py",
     "test_cluster.py",
     "test_stops.py",
     "test_location.py",
     "test_readme.py",
+    "test_notebook.py",
     "test_slurm.py",
     "test_torn_state.py",
 )
