@@ -59,7 +59,7 @@ if TYPE_CHECKING:
     from study.search.warmstart import WarmStartError
     from study.spec.check import Check
     from study.spec.spec import SpecError, StudySpec
-    from study.storage.storage import StorageError
+    from study.storage.filesystems import StorageError
 
 __all__ = [
     "MOVED",
@@ -97,7 +97,7 @@ _HOMES = {
     "Report": "study.reports.report",
     "ReportError": "study.reports.report",
     "SpecError": "study.spec.spec",
-    "StorageError": "study.storage.storage",
+    "StorageError": "study.storage.filesystems",
     "Study": "study.api.reading",
     "StudyError": "study.records.records",
     "StudyInterrupted": "study.api.driving",

@@ -70,11 +70,14 @@ class Study:
     """A study under its storage, read from its files: what `study.load`, `study.run` and
     `study.resume` return. Each method reads the files anew (a running study grows)."""
 
+    spec: StudySpec
+    """The spec the study was started with (its saved ``spec.toml``)."""
+    paths: StudyPaths
+    """Where its files are: ``paths.trials_parquet``, ``paths.experiment`` (Tune's), ..."""
+
     def __init__(self, spec: StudySpec, paths: StudyPaths) -> None:
         self.spec = spec
-        """The spec the study was started with (its saved ``spec.toml``)."""
         self.paths = paths
-        """Where its files are (`study.storage.StudyPaths`)."""
 
     @property
     def name(self) -> str:
@@ -181,8 +184,9 @@ class Study:
         return figure
 
     def optuna(self) -> optuna.Study:
-        """The study's Optuna study, read from its journal, read-only: `optuna.visualization`
-        and `optuna.importance` work on it; asking it for trials does not. Raises `StudyError`
+        """The study's Optuna study, read from its journal: `optuna.visualization`,
+        `optuna.importance` and ``trials_dataframe()`` work on it; it is read-only (``ask``,
+        ``tell`` and ``optimize`` are refused: `study.resume` adds trials). Raises `StudyError`
         before the journal exists."""
         from study.reports.importance import read_journal_study
 

@@ -112,7 +112,8 @@ def saved_steps(s: SetEvaluation, max_steps: int) -> int:
 
 @dataclass(frozen=True)
 class Evaluation:
-    """A trial's checkpoint evaluated on every evaluation set of its task."""
+    """A trial's checkpoint evaluated on every evaluation set of its task; its ``str`` is the table
+    ``ponder-study evaluate`` prints."""
 
     study: str
     trial_id: str

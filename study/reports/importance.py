@@ -47,7 +47,8 @@ class Importance:
 
 @dataclass(frozen=True)
 class Importances:
-    """What `importances` found: the per-objective results, or why there are none."""
+    """What `importances` found: the per-objective results, or why there are none; its ``str`` is
+    the lines ``ponder-study status`` ends with."""
 
     counted: int
     """Trials Optuna holds COMPLETE (the ones that count)."""

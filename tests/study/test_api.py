@@ -369,3 +369,16 @@ def test_every_public_name_is_typed_and_the_package_says_so() -> None:
         ]
     assert not untyped, untyped
     assert inspect.signature(study.run).parameters["spec"].annotation == "SpecLike"
+
+
+def test_the_api_page_lists_every_public_name_from_its_own_module() -> None:
+    """docs/api.md's reference (`study.api.reference`, generated) names each of `study.__all__`,
+    read from the module `study` takes it from."""
+    from study.api.reference import HOMES
+
+    assert set(HOMES) | {"MOVED"} == set(study.__all__)
+    for name, module in HOMES.items():
+        assert getattr(study, name) is getattr(sys.modules[module], name) or name == "run", name
+    page = (REPO / "docs" / "api.md").read_text()
+    for name in HOMES:
+        assert f"`study.{name}" in page, name
