@@ -46,6 +46,8 @@ from collections.abc import Sequence
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
+from study.api.reference import HOMES as _HOMES  # each public name -> its module
+
 if TYPE_CHECKING:
     from study.api.driving import StudyInterrupted, StudyWarning, resume, run
     from study.api.reading import Freshness, Study, list_specs, list_studies, load
@@ -87,34 +89,9 @@ __all__ = [
     "run",
 ]
 
-_HOMES = {
-    "Check": "study.spec.check",
-    "EvaluateError": "study.reports.trial_choice",
-    "Evaluation": "study.reports.evaluate",
-    "Freshness": "study.api.reading",
-    "Importances": "study.reports.importance",
-    "LeaseHeld": "study.run.lease",
-    "Report": "study.reports.report",
-    "ReportError": "study.reports.report",
-    "SpecError": "study.spec.spec",
-    "StorageError": "study.storage.filesystems",
-    "Study": "study.api.reading",
-    "StudyError": "study.records.records",
-    "StudyInterrupted": "study.api.driving",
-    "StudySpec": "study.spec.spec",
-    "StudyWarning": "study.api.driving",
-    "WarmStartError": "study.search.warmstart",
-    "check": "study.api.specs",
-    "list_specs": "study.api.reading",
-    "list_studies": "study.api.reading",
-    "load": "study.api.reading",
-    "resume": "study.api.driving",
-}
-"""Each public name (but ``run``, the callable folder) -> the module it is defined in."""
-
 
 def __getattr__(name: str) -> Any:
-    """A public name, imported from its module when first asked for (`_HOMES`)."""
+    """A public name, imported from its module when first asked for (`study.api.reference.HOMES`)."""
     if name not in _HOMES:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     value = getattr(importlib.import_module(_HOMES[name]), name)

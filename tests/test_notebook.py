@@ -58,12 +58,10 @@ def execute(notebook: Path, folder: Path, env: dict[str, str]) -> Any:
     )
     km = client.create_kernel_manager()
     assert km.kernel_spec is not None
-    argv = km.kernel_spec.argv
-    # the venv's python: jupyter_client puts this interpreter in place of a bare "python"
-    assert argv[0] in ("python", "python3", sys.executable), argv
-    assert Path(km.kernel_spec.resource_dir).resolve().is_relative_to(Path(sys.prefix).resolve()) or (
-        argv[0] == sys.executable
-    ), km.kernel_spec.resource_dir
+    # ipykernel's own spec in the venv, whose bare "python" jupyter_client launches as this
+    # interpreter: the venv's python, with nothing registered in a user's or the system's folders
+    assert Path(km.kernel_spec.resource_dir).is_relative_to(sys.prefix), km.kernel_spec.resource_dir
+    assert km.format_kernel_cmd()[0] == sys.executable, km.format_kernel_cmd()
     client.execute(env=env)
     return nb
 

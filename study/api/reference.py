@@ -41,7 +41,8 @@ HOMES: dict[str, str] = {
     "StudyWarning": "study.api.driving",
 }
 """Every name of `study.__all__` but ``MOVED`` -> the module that defines it, in the page's
-order: the functions, the classes they return, the exceptions."""
+order (the functions, the classes they return, the exceptions): where ``study.__getattr__``
+imports each from when first asked for."""
 
 
 def api_reference() -> str:
