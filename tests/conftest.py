@@ -76,6 +76,23 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     # that draws a minute-long test near the end leaves the other core idle while it finishes.
     first = {name: rank for rank, name in enumerate(LONGEST_MODULES)}
     items.sort(key=lambda item: first.get(item.path.name, len(first)))
+    if getattr(config.option, "loadgroup", False):  # a pytest-xdist worker of `--dist loadgroup`
+        _group_suffixes(items)
+
+
+def _group_suffixes(items: list[pytest.Item]) -> None:
+    """``@<group>`` after the id of each test marked ``xdist_group``, by which pytest-xdist's
+    controller sends a group's tests to one worker (its module fixtures start once). xdist adds
+    it by setting ``item._nodeid``, which pytest 9 no longer reads (a node's id is ``item._id``):
+    without this, a group's tests were spread over the workers, each starting their fixtures."""
+    for item in items:
+        names = {
+            str(m.args[0] if m.args else m.kwargs.get("name", "default"))
+            for m in item.iter_markers("xdist_group")
+        }
+        suffix = f"@{'_'.join(sorted(names))}"
+        if names and not item.nodeid.endswith(suffix):
+            item._id = type(item._id).parse(item.nodeid + suffix)
 
 
 LONGEST_MODULES = (
