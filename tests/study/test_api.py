@@ -1,20 +1,18 @@
 """The Python API (`import study`) against its CLI twin on the same study: the same files, the same
 summary and importance, the same best trial and evaluation, the same report; a kernel's interrupt
 in the middle of `study.run`, then `study.resume`; `study.load` of a running study (from another
-process) and of a copy on S3 (moto). One study serves every test of the module: `api` runs it in
-this process, as a notebook's kernel would, on the suite's Ray instance."""
+process) and of a copy on S3 (moto). One study serves every test of the module: `api` runs it from
+a Python process of its own, as a notebook's kernel would, on the suite's Ray instance; the test
+process reads it and never imports Ray (an in-process driver would read Ray's settings, its token
+among them, as whichever earlier test imported Ray left them)."""
 
 from __future__ import annotations
 
-import _thread
 import json
-import os
 import re
-import signal
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,9 +24,8 @@ import pyarrow.parquet as pq
 import pytest
 
 import study
-from study.records.records import read_end_records
 from study.storage.storage import StudyPaths
-from tests.study.conftest import REPO, S3, cli, shared_ray
+from tests.study.conftest import REPO, S3, cli, driver_env
 
 NAME = "parity-smoke"
 ON_THE_STUDY = pytest.mark.xdist_group("api")
@@ -50,30 +47,65 @@ print(json.dumps({"driver": f.driver, "statuses": f.statuses, "text": str(f), "e
 """
 
 
+_DRIVE = """
+import _thread, json, signal, sys, threading, time
+import study
+from study.records.records import read_end_records
+from study.storage.storage import StudyPaths
+
+name, storage = sys.argv[1], sys.argv[2]
+paths = StudyPaths(storage, name)
+
+
+def interrupt_once_a_trial_ended():
+    while not read_end_records(paths):
+        time.sleep(0.05)
+    _thread.interrupt_main()  # SIGINT's handler in the main thread, as a kernel's interrupt: Tune's
+
+
+out, before = {}, signal.getsignal(signal.SIGINT)
+threading.Thread(target=interrupt_once_a_trial_ended, daemon=True).start()
+try:
+    study.run(name, storage=storage, progress=False)  # joins $RAY_ADDRESS, the suite's instance
+except study.StudyInterrupted as e:
+    out["interrupted"] = str(e)
+import ray
+
+out["handler_back"] = signal.getsignal(signal.SIGINT) is before
+out["ray_left"] = not ray.is_initialized()
+ends = read_end_records(paths).values()
+accuracy = "test/halted_accuracy"
+out["ended_before"] = {r.trial_id: [r.outcome, r.iteration, r.last_result[accuracy]] for r in ends}
+ray.init(log_to_driver=False)  # a notebook's own: `resume` uses it, and leaves it up
+study.resume(name, storage, progress=False)
+out["ray_kept"] = ray.is_initialized()
+ray.shutdown()
+print(json.dumps(out))
+"""
+
+
 @dataclass
 class ApiStudy:
     """The module's study: run by `study.run`, interrupted, resumed by `study.resume`."""
 
     it: study.Study
     storage: Path
-    interrupted: study.StudyInterrupted
-    ended_before: dict[str, Any]
-    """Trial id -> its end record, as they were when the interrupt came."""
+    driven: dict[str, Any]
+    """What the driving process saw (`_DRIVE`): the interrupt's message, the end records when it
+    came, the SIGINT handler and Ray after the run and the resume."""
     seen_running: dict[str, Any]
     """What `study.load` in another process read while the study ran."""
-    handlers: tuple[Any, Any]
-    """SIGINT's handler before `study.run` and after it."""
+    driver_pid: int
 
 
 @pytest.fixture(scope="module")
 def api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApiStudy]:
-    """``parity-smoke`` run by `study.run` in this process; once its first trial has ended, a
-    KeyboardInterrupt lands in the main thread as a kernel's interrupt does (`_thread.interrupt_main`:
-    SIGINT's handler, whichever is in: Tune's while it runs); then `study.resume` finishes it, and
-    `study.load` in another process reads it as the resume runs."""
+    """``parity-smoke`` run by `study.run` in a Python process of its own, as a notebook's kernel
+    runs it (the test process never imports Ray); once its first trial has ended, a
+    KeyboardInterrupt lands in its main thread as a kernel's interrupt does; then `study.resume`
+    finishes it on the Ray that process started (a notebook's ``ray.init()``), and `study.load`
+    in another process reads it as the resume runs."""
     storage = tmp_path_factory.mktemp("api")
-    paths = StudyPaths(str(storage), NAME)
-    address = shared_ray()
     seen: dict[str, Any] = {}
 
     def read_while_it_runs() -> None:  # started first: its imports take seconds
@@ -85,45 +117,37 @@ def api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApiStudy]:
         )
         seen.update(json.loads(done.stdout) if done.returncode == 0 else {"error": done.stderr[-3000:]})
 
-    def interrupt_once_a_trial_ended() -> None:
-        deadline = time.monotonic() + 240
-        while not read_end_records(paths) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        _thread.interrupt_main()
-
-    before = signal.getsignal(signal.SIGINT)
     reader = threading.Thread(target=read_while_it_runs, daemon=True)
-    watcher = threading.Thread(target=interrupt_once_a_trial_ended, daemon=True)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("RAY_AUTH_MODE", "token")  # the suite's instance asks for its token
-        reader.start()
-        watcher.start()
-        with pytest.raises(study.StudyInterrupted) as stopped:
-            study.run(NAME, storage=storage, address=address, progress=False)
-        after = signal.getsignal(signal.SIGINT)
-        watcher.join(60)
-        ended_before = dict(read_end_records(paths))
-        resumed = study.resume(NAME, storage, address=address, progress=False)
-        reader.join(60)
-    yield ApiStudy(resumed, storage, stopped.value, ended_before, seen, (before, after))
+    reader.start()
+    driver = subprocess.Popen(
+        [sys.executable, "-c", _DRIVE, NAME, str(storage)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+        env=driver_env(["run"]),  # the suite's Ray instance, as the CLI's drivers join it
+    )
+    out, err = driver.communicate(timeout=600)
+    reader.join(60)
+    assert driver.returncode == 0, err[-3000:]
+    yield ApiStudy(study.load(NAME, storage), storage, json.loads(out), seen, driver.pid)
 
 
 @ON_THE_STUDY
 def test_an_interrupt_stops_the_run_resumably_and_resume_loses_nothing(api: ApiStudy) -> None:
-    import ray
-
-    assert f"study.resume({NAME!r}, storage={str(api.storage)!r})" in str(api.interrupted)
-    assert api.handlers[0] is api.handlers[1]  # the caller's Ctrl-C handler is back
-    assert not ray.is_initialized()  # the driver left the suite's instance, and stopped nothing
-    assert 1 <= len(api.ended_before) < 6, api.ended_before
+    driven = api.driven
+    assert f"study.resume({NAME!r}, storage={str(api.storage)!r})" in driven["interrupted"], driven
+    assert driven["handler_back"]  # the caller's Ctrl-C handler is back
+    assert driven["ray_left"] and driven["ray_kept"]  # a Ray it joined it left; the caller's own it kept
+    ended_before = driven["ended_before"]
+    assert 1 <= len(ended_before) < 6, ended_before
     trials = api.it.trials()
     assert len(trials) == 6 and trials["trial_id"].is_unique
     assert set(trials["status"]) <= {"completed", "early_stopped"}, trials["status"]
     ended = trials.set_index("trial_id")
-    for trial_id, record in api.ended_before.items():  # what had ended is kept as it ended
-        assert ended.at[trial_id, "status"] == record.outcome
-        assert ended.at[trial_id, "iteration"] == record.iteration
-        assert ended.at[trial_id, "test/halted_accuracy"] == record.last_result["test/halted_accuracy"]
+    for trial_id, (outcome, iteration, accuracy) in ended_before.items():  # kept as it ended
+        assert (ended.at[trial_id, "status"], ended.at[trial_id, "iteration"]) == (outcome, iteration)
+        assert ended.at[trial_id, "test/halted_accuracy"] == accuracy
     history = api.it.history()
     assert not history.duplicated(["trial_id", "iteration"]).any()  # no report twice
     assert set(history["trial_id"]) == set(trials["trial_id"])
@@ -136,9 +160,9 @@ def test_an_interrupt_stops_the_run_resumably_and_resume_loses_nothing(api: ApiS
 def test_load_reads_a_running_study_from_another_process(api: ApiStudy) -> None:
     seen = api.seen_running
     assert "error" not in seen, seen.get("error")
-    assert seen["driver"] is not None and f"(pid {os.getpid()} on host " in seen["driver"], seen
+    assert seen["driver"] is not None and f"(pid {api.driver_pid} on host " in seen["driver"], seen
     assert "running now: `resume`" in seen["text"], seen["text"]
-    assert set(api.ended_before) <= set(seen["ended"]), seen  # what had ended, read as it runs
+    assert set(api.driven["ended_before"]) <= set(seen["ended"]), seen  # what had ended, read as it runs
 
 
 @ON_THE_STUDY
