@@ -1,4 +1,13 @@
-"""The Ray Tune layer of ponder-study: the only package that imports Ray.
+"""The Ray Tune layer of ponder-study: the only package that imports Ray; and its Python API.
+
+``import study`` is the API (docs/api.md, every name in `__all__`): `run`, `resume`, `load` a
+study, a `Study`'s trials, history, best trial, model, evaluation, plots, Optuna study,
+importance and report, `check` a spec, `list_studies`, and the exceptions a caller catches.
+Each is imported on first use (`__getattr__`): ``import study`` imports neither Ray nor torch,
+and ``ponder-study --help`` does not wait for them. ``study.run`` is both the folder
+``study/run/`` and the function: the folder's module is callable (`_Callable`), its call
+`study.api.driving.run`, so ``study.run(spec)`` runs a study and ``study.run.runner`` is still
+the module that drives Tune (and what Tune's pickles name).
 
 The path of a study through the folders, each importing only those below it:
 
@@ -15,9 +24,8 @@ The path of a study through the folders, each importing only those below it:
   Parquet written as trials end, the driver's stops, its lease, Tune's saved state, TensorBoard;
 - `study.reports`: what is read from a study: its summary, HTML report, plots, Pareto front,
   importance, intervals over seeds, ``status --watch``, ``evaluate``;
+- `study.api`: the Python API (above), on the CLI's code path;
 - `study.cli`: ``ponder-study`` (`study.cli.launch.main`), one `Command` a verb.
-
-Nothing is imported here, so ``ponder-study --help`` does not wait for Ray.
 
 Every module's name from before the folders (``study.runner``, ``study.spec_models``, ...) still
 imports, as the module it became: Tune's ``tuner.pkl`` and searcher state name the classes they
@@ -32,11 +40,87 @@ from __future__ import annotations
 import importlib
 import importlib.abc
 import importlib.machinery
+import inspect
 import sys
 from collections.abc import Sequence
 from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["MOVED"]
+from study.api.reference import HOMES as _HOMES  # each public name -> its module
+
+if TYPE_CHECKING:
+    from study.api.driving import StudyInterrupted, StudyWarning, resume, run
+    from study.api.reading import Freshness, Study, list_specs, list_studies, load
+    from study.api.specs import check
+    from study.records.records import StudyError
+    from study.reports.evaluate import Evaluation
+    from study.reports.importance import Importances
+    from study.reports.report import Report, ReportError
+    from study.reports.trial_choice import EvaluateError
+    from study.run.lease import LeaseHeld
+    from study.search.warmstart import WarmStartError
+    from study.spec.check import Check
+    from study.spec.spec import SpecError, StudySpec
+    from study.storage.filesystems import StorageError
+
+__all__ = [
+    "MOVED",
+    "Check",
+    "EvaluateError",
+    "Evaluation",
+    "Freshness",
+    "Importances",
+    "LeaseHeld",
+    "Report",
+    "ReportError",
+    "SpecError",
+    "StorageError",
+    "Study",
+    "StudyError",
+    "StudyInterrupted",
+    "StudySpec",
+    "StudyWarning",
+    "WarmStartError",
+    "check",
+    "list_specs",
+    "list_studies",
+    "load",
+    "resume",
+    "run",
+]
+
+
+def __getattr__(name: str) -> Any:
+    """A public name, imported from its module when first asked for (`study.api.reference.HOMES`)."""
+    if name not in _HOMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_HOMES[name]), name)
+    globals()[name] = value  # asked once
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
+
+
+class _Callable(ModuleType):
+    """The class of the module ``study.run`` (the folder): calling it is `study.api.driving.run`,
+    whose signature it shows (``help``, a notebook's ``study.run?``); every attribute is the
+    folder's."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        from study.api.driving import run as run_study
+
+        return run_study(*args, **kwargs)
+
+    @property
+    def __signature__(self) -> inspect.Signature:
+        from study.api.driving import run as run_study
+
+        return inspect.signature(run_study)
+
+
+importlib.import_module("study.run").__class__ = _Callable  # the folder imports nothing: cheap
 
 MOVED: dict[str, str] = {
     f"study.{old}": f"study.{new}"

@@ -61,7 +61,7 @@ def step_case(request: pytest.FixtureRequest) -> StepCase:
     return case
 
 
-RAY_FIXTURES = frozenset({"smoke", "s3", "cluster", "driver"})
+RAY_FIXTURES = frozenset({"smoke", "s3", "cluster", "driver", "api"})
 """Fixtures that start Ray, a CLI driver or moto's server."""
 
 
@@ -76,15 +76,34 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     # that draws a minute-long test near the end leaves the other core idle while it finishes.
     first = {name: rank for rank, name in enumerate(LONGEST_MODULES)}
     items.sort(key=lambda item: first.get(item.path.name, len(first)))
+    if getattr(config.option, "loadgroup", False):  # a pytest-xdist worker of `--dist loadgroup`
+        _group_suffixes(items)
+
+
+def _group_suffixes(items: list[pytest.Item]) -> None:
+    """``@<group>`` after the id of each test marked ``xdist_group``, by which pytest-xdist's
+    controller sends a group's tests to one worker (its module fixtures start once). xdist adds
+    it by setting ``item._nodeid``, which pytest 9 no longer reads (a node's id is ``item._id``):
+    without this, a group's tests were spread over the workers, each starting their fixtures."""
+    for item in items:
+        names = {
+            str(m.args[0] if m.args else m.kwargs.get("name", "default"))
+            for m in item.iter_markers("xdist_group")
+        }
+        suffix = f"@{'_'.join(sorted(names))}"
+        if names and not item.nodeid.endswith(suffix):
+            item._id = type(item._id).parse(item.nodeid + suffix)
 
 
 LONGEST_MODULES = (
     "test_kill_campaign.py",
     "test_resume.py",
+    "test_api.py",
     "test_cluster.py",
     "test_stops.py",
     "test_location.py",
     "test_readme.py",
+    "test_notebook.py",
     "test_slurm.py",
     "test_torn_state.py",
 )

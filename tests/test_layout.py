@@ -1,5 +1,8 @@
 """The shape of the code a reader takes in: study/ in a few folders, no module over 600 lines, no
-function over 80 (counted from its ``def`` to its last line), in ponder/ and study/."""
+function over 80 (counted from its ``def`` to its last line), in ponder/ and study/.
+
+study/'s top holds its ``__init__.py`` and ``__main__.py`` and a folder a layer (storage, spec,
+records, search, launchers, run, reports, api, cli); ``py.typed``, PEP 561's marker, is no code."""
 
 from __future__ import annotations
 
@@ -8,7 +11,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("ponder", "study")
-MAX_STUDY_ENTRIES = 10
+MAX_STUDY_ENTRIES = 11
 MAX_MODULE_LINES = 600
 MAX_FUNCTION_LINES = 80
 
@@ -18,7 +21,7 @@ def _modules() -> list[Path]:
 
 
 def test_study_has_few_entries_at_its_top() -> None:
-    entries = sorted(p.name for p in (REPO / "study").iterdir() if p.name != "__pycache__")
+    entries = sorted(p.name for p in (REPO / "study").iterdir() if p.name not in ("__pycache__", "py.typed"))
     assert len(entries) <= MAX_STUDY_ENTRIES, entries
 
 

@@ -14,8 +14,9 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, ClassVar, NoReturn
 
+from study.run.stops import caused_by_ctrl_c
 from study.storage.commands import PROG
-from study.storage.hints import DEFAULT_STORAGE
+from study.storage.hints import DEFAULT_STORAGE, STORAGE_ENV
 
 __all__ = [
     "EXIT_CODES",
@@ -58,7 +59,6 @@ EXIT_CODES = {
     "and `resume` stop resumable and say so on stderr; the other verbs end in silence, as `cat` does",
 }
 """Every exit code of ``ponder-study`` and what it means (the CLI reference is generated from it)."""
-STORAGE_ENV = "PONDER_STUDY_STORAGE"
 
 
 class Command:
@@ -117,21 +117,6 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see --help)\n")
-
-
-def caused_by_ctrl_c(error: BaseException) -> bool:
-    """Whether ``error`` wraps a Ctrl-C (a stop signal): Python 3.11 turns a KeyboardInterrupt
-    raised inside a class body's ``__set_name__`` into a RuntimeError whose cause it is, so a
-    Ctrl-C landing while a module defines such a class (``import ray.tune`` does) reads as an
-    error unless its causes are looked at."""
-    seen: set[int] = set()
-    current: BaseException | None = error
-    while current is not None and id(current) not in seen:
-        if isinstance(current, KeyboardInterrupt):
-            return True
-        seen.add(id(current))
-        current = current.__cause__ or current.__context__
-    return False
 
 
 _output_closed = False

@@ -17,6 +17,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
+from study.api.driving import finished, start, warm_points
 from study.cli.base import (
     EXIT_ERROR,
     EXIT_INTERRUPTED,
@@ -233,18 +234,18 @@ class Run(Driver):
         )
         storage = spec.run.storage
         reach(storage, write=True)
-        runner = _runner()
+        _runner()
         points = _warm_start(args.warm_start, storage, spec, args.top) if args.warm_start else []
         then.study, then.written = (spec.name, storage), False
 
         def written() -> None:  # from here on `resume` continues the study
             then.written = True
 
-        outcome: StudyOutcome = runner.run_study(
+        outcome: StudyOutcome = start(  # `study.run`'s path too
             spec,
+            points=points,
             address=args.address,
             verbose=0 if args.quiet else 1,
-            warm_start=points,
             resume_hint=resume_command(spec.name, storage),
             on_written=written,
         )
@@ -253,11 +254,7 @@ class Run(Driver):
 
 def _warm_start(name: str, storage: str, spec: StudySpec, top: int) -> list[dict[str, Any]]:
     """The study ``name``'s best trials as ``spec``'s first points, what goes first printed."""
-    from study.search.warmstart import read_warm_start
-
-    start = read_warm_start(name, storage, spec, top)
-    print("\n".join(start.lines(name)))
-    return start.points
+    return warm_points(name, storage, spec, top, print)
 
 
 class Resume(Driver):
@@ -298,25 +295,21 @@ class Resume(Driver):
         must_exist(storage, args.storage is not None)
         if not args.more and _nothing_to_resume(args.name, storage):
             return None
-        outcome: StudyOutcome = _runner().resume_study(
+        outcome: StudyOutcome = _runner().resume_study(  # `study.resume`'s path too
             args.name, storage, address=args.address, verbose=0 if args.quiet else 1, more=args.more or 0
         )
         return outcome
 
 
 def _nothing_to_resume(name: str, storage: str) -> bool:
-    """A finished study's summary and one line saying so, before Ray starts; False if the study
-    has work left (or is not readable here: the resume then says what is wrong)."""
-    from study.records.records import StudyError, finished_study, load_study_spec
-
-    try:
-        spec, paths = load_study_spec(name, storage)
-        if not finished_study(paths, spec.search.num_samples):
-            return False
-    except (StudyError, SpecError, OSError, ValueError):
+    """A finished study's summary and one line saying so, before Ray starts (`finished`, as
+    `study.resume` reads it); False if the study has work left, or is not readable here (the
+    resume then says what is wrong)."""
+    done = finished(name, storage)
+    if done is None:
         return False
-    print(summary(paths, spec.metric, spec.mode))
-    n = spec.search.num_samples
+    text, n = done
+    print(text)
     print(
         f"{PROG}: study {name!r} is finished ({count(n, 'trial')}): nothing to resume; "
         f"to add trials: {resume_command(name, storage)} --more N"

@@ -2,7 +2,8 @@
 
 - `cli_reference`: every ``ponder-study`` verb, its arguments and flags (read from the parsers),
   where ``--storage`` comes from, and the exit codes (`study.cli.base.EXIT_CODES`);
-- `study.spec.reference.spec_reference`: every spec key, its type, default and meaning.
+- `study.spec.reference.spec_reference`: every spec key, its type, default and meaning;
+- `study.api.reference.api_reference`: every name of ``import study`` (docs/api.md).
 
 A docs page holds a table between two markers, ``<!-- generated: NAME -->`` and ``<!-- end of
 generated: NAME -->``; `fill` puts the table the code gives there. ``make generate`` (``python -m
@@ -19,6 +20,7 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from study.api.reference import api_reference
 from study.cli.base import EXIT_CODES, STORAGE_ENV, WordsCommand
 from study.spec.models import schema_text
 from study.spec.reference import spec_reference
@@ -98,7 +100,11 @@ def cli_reference() -> str:
     return "\n".join(lines)
 
 
-BLOCKS: dict[str, Callable[[], str]] = {"spec-keys": spec_reference, "cli": cli_reference}
+BLOCKS: dict[str, Callable[[], str]] = {
+    "spec-keys": spec_reference,
+    "cli": cli_reference,
+    "api": api_reference,
+}
 """Each generated table by the name its markers give."""
 
 

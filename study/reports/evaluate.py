@@ -44,6 +44,7 @@ __all__ = [
     "choose_trial",
     "evaluate_trial",
     "format_evaluation",
+    "load_trainer",
     "saved_steps",
 ]
 
@@ -111,7 +112,8 @@ def saved_steps(s: SetEvaluation, max_steps: int) -> int:
 
 @dataclass(frozen=True)
 class Evaluation:
-    """A trial's checkpoint evaluated on every evaluation set of its task."""
+    """A trial's checkpoint evaluated on every evaluation set of its task; its ``str`` is the table
+    ``ponder-study evaluate`` prints."""
 
     study: str
     trial_id: str
@@ -129,6 +131,9 @@ class Evaluation:
     chosen_by: str | None
     """``"<metric> (<mode>)"`` when the trial was chosen as the study's best, None when named."""
     sets: list[SetEvaluation]
+
+    def __str__(self) -> str:
+        return format_evaluation(self)
 
 
 def evaluate_trial(
@@ -152,7 +157,7 @@ def evaluate_trial(
     paths = StudyPaths(storage, name)
     chosen = chosen or choose_trial(name, storage, trial_id)
     row, chosen_by = chosen.row, chosen.chosen_by
-    trainer, loaded = _load(row, device, paths)
+    trainer, loaded = load_trainer(row, device, paths)
 
     full = trainer.evaluate()  # training's own path: full unroll, halting step sampled from p
     trainer.model.eval()  # evaluate() leaves it in train mode
@@ -264,8 +269,9 @@ def _checkpoint_candidates(row: dict[str, Any], paths: StudyPaths) -> list[str]:
     return [c.rstrip("/") for c in dict.fromkeys(out)]
 
 
-def _load(row: dict[str, Any], device: str, paths: StudyPaths) -> tuple[Trainer, str]:
-    """The trial's trainer from ``<checkpoint>/trainer.pt``, local or remote, weights only."""
+def load_trainer(row: dict[str, Any], device: str, paths: StudyPaths) -> tuple[Trainer, str]:
+    """The trainer of the trial whose Parquet row is ``row``, from its ``<checkpoint>/trainer.pt``
+    (local or remote, weights only), and where that file was; `EvaluateError` if it cannot be."""
     trial = f"trial {row['trial_id']} ({row.get('status')})"
     candidates = _checkpoint_candidates(row, paths)
     if not candidates:

@@ -47,7 +47,8 @@ class Importance:
 
 @dataclass(frozen=True)
 class Importances:
-    """What `importances` found: the per-objective results, or why there are none."""
+    """What `importances` found: the per-objective results, or why there are none; its ``str`` is
+    the lines ``ponder-study status`` ends with."""
 
     counted: int
     """Trials Optuna holds COMPLETE (the ones that count)."""
@@ -55,6 +56,9 @@ class Importances:
     results: list[Importance] = field(default_factory=list)
     why: str | None = None
     """Why there is no result (too few trials, no journal, nothing searched); None when there is."""
+
+    def __str__(self) -> str:
+        return "\n".join(self.lines())
 
     def lines(self) -> list[str]:
         """The importances as text, one line per objective (or one line saying why none)."""

@@ -39,7 +39,6 @@ from study.records.parquet import fill_config_defaults
 from study.reports.data import PLOTS, StudyData, pareto_front
 from study.reports.html import index_html
 from study.reports.importance import Importances, importances
-from study.reports.plots import draw
 from study.spec.spec import NAME_PATTERN, SpecError, parse_spec
 from study.storage.storage import StudyPaths, is_remote, join, read_bytes, read_study_table, write_bytes
 
@@ -47,6 +46,7 @@ __all__ = [
     "PLOTS",
     "Report",
     "ReportError",
+    "load_study_data",
     "pareto_front",
     "write_report",
 ]
@@ -88,7 +88,9 @@ def write_report(name: str, storage: str = "results", out: str | None = None) ->
     the same directory is overwritten file by file, each file replaced whole.
     Raises `ReportError` when there is no such study or it has no trials Parquet yet.
     """
-    study = _load(name, storage)
+    from study.reports.plots import draw  # matplotlib and torch (ponder's prior): imported to draw
+
+    study = load_study_data(name, storage)
     if out is None:
         out = join(storage, "reports", name)
     if not is_remote(out):
@@ -111,8 +113,8 @@ def write_report(name: str, storage: str = "results", out: str | None = None) ->
     return Report(directory=out, index=index, plots=plots, missing=missing, importance=importance)
 
 
-def _load(name: str, storage: str) -> StudyData:
-    """The study as the report reads it, or `ReportError` saying what to do."""
+def load_study_data(name: str, storage: str) -> StudyData:
+    """The study as the report (and `study.Study.plot`) reads it, or `ReportError` saying what to do."""
     if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name):
         raise ReportError(f"{name!r} is not a study name: `ponder-study list` shows the studies")
     flag = "" if storage == "results" else f" --storage {storage}"
@@ -139,6 +141,9 @@ def _load(name: str, storage: str) -> StudyData:
     if set_name == "train" or f"{set_name}/halted_accuracy" not in trials.columns:
         set_name = "test"  # a study on a training loss: plot the test set's halting
     return StudyData(name, spec, paths, trials, history, read_state(paths.asha), set_name)
+
+
+_load = load_study_data
 
 
 def _write(path: str, data: bytes) -> None:

@@ -16,7 +16,7 @@ from study.spec.spec import list_specs, load_spec
 from study.storage.hints import count, export_command
 from study.storage.storage import StudyPaths, list_studies, parquet_state, read_study_table
 
-__all__ = ["SUMMARY_COLUMNS", "listing", "summary", "trials_table"]
+__all__ = ["SUMMARY_COLUMNS", "current_trials", "listing", "summary", "trials_table"]
 
 SUMMARY_COLUMNS = [
     "trial_id",
@@ -47,10 +47,9 @@ def summary(paths: StudyPaths, metric: str = "test/halted_accuracy", mode: str =
 
     The study's end records are the truth: a trial they hold that the Parquet lacks or shows
     running (a driver stopped before it rewrote the Parquet) is shown ended, from its record."""
-    df, stale = _with_end_records(trials_table(paths), paths)
+    df, stale = current_trials(paths)
     if df is None or df.empty:
         return f"study {paths.name}: no trial has finished yet"
-    df = _started_shown_running(df)
     counts = df["status"].value_counts()
     lines = [
         f"study {paths.name}: {count(len(df), 'trial')}: " + ", ".join(f"{n} {s}" for s, n in counts.items())
@@ -97,6 +96,15 @@ def _currency(paths: StudyPaths, stale: int) -> list[str]:
             f"{'it' if one else 'them'} at its next refresh, `{export_command(paths.name, paths.root)}` now"
         )
     return lines
+
+
+def current_trials(paths: StudyPaths) -> tuple[pd.DataFrame | None, int]:
+    """The study's trials as `summary` shows them (None before any is in the Parquet or the
+    records): its Parquet, an older schema's config nulls filled; every trial its end records
+    hold shown ended; a pending trial that has reported shown running. And how many ended
+    trials the Parquet lacked (a driver stopped, or not yet done, before it wrote them)."""
+    df, stale = _with_end_records(trials_table(paths), paths)
+    return (df if df is None or df.empty else _started_shown_running(df)), stale
 
 
 def _started_shown_running(df: pd.DataFrame) -> pd.DataFrame:

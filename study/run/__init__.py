@@ -1,5 +1,8 @@
 """Running a study: the one place that drives Ray Tune, and what the driver does beside.
 
+This folder's module is also the function ``study.run(spec, ...)`` (`study.api.driving.run`):
+``study/__init__.py`` makes it callable, and calling it runs a study through `study.run.runner`.
+
 - `study.run.runner`: `run_study`, `resume_study`, `export`;
 - `study.run.replay`: on restore, the study's records (read once, `study.records.truth`)
   replayed into Tune, Optuna and ASHA before any trial starts;
@@ -11,7 +14,8 @@
 - `study.run.stops`: every stop of the driver (Ctrl-C, SIGTERM, SIGHUP), from its first line;
 - `study.run.lease`: one driver per study (a flock locally, conditional PUTs on S3);
 - `study.run.processes`, `study.run.diskspace`, `study.run.tensorboard`: the processes a command
-  started, a full disk said as such, TensorBoard's scalars written without torch.
+  started, a full disk said as such, TensorBoard's scalars written without torch;
+- `study.run.progress`: Tune's progress table, printed, or redrawn in place in a Jupyter kernel.
 
 Nothing is imported here: `study.run.stops` is the entry point's first import, before Ray.
 """

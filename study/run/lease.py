@@ -40,7 +40,7 @@ from typing import Any, BinaryIO, NoReturn
 from study.storage.commands import PROG, command_name
 from study.storage.storage import StudyPaths, is_remote, read_bytes, resolve, write_bytes
 
-__all__ = ["EXIT_TAKEN_OVER", "LEASE_TTL_S", "Lease", "LeaseHeld", "hold_lease"]
+__all__ = ["EXIT_TAKEN_OVER", "LEASE_TTL_S", "Lease", "LeaseHeld", "driver_of", "hold_lease"]
 
 LEASE_TTL_S = 30.0
 """How long an object-store lease lasts without renewal (renewed every third of it)."""
@@ -345,3 +345,22 @@ def hold_lease(paths: StudyPaths, command: str, ttl_s: float = LEASE_TTL_S) -> I
     holder = _hold_remote(paths, lease) if is_remote(paths.root) else _hold_local(paths, lease)
     with holder:
         yield lease
+
+
+def driver_of(paths: StudyPaths) -> str | None:
+    """Who drives the study now, as a refusal names them (`LeaseHeld`), or None: read from
+    ``lease.json``, taking nothing. A holder on this host counts while its process runs; on an
+    object store, one elsewhere while its lease was renewed within its TTL (by the file's time);
+    on a disk another host mounts, one elsewhere while ``lease.json`` is there (its release
+    deletes it)."""
+    holder = _parse(read_bytes(paths.lease))
+    if not holder:
+        return None
+    if holder.get("host") == socket.gethostname():
+        return _describe(holder) if _alive_here(holder) else None
+    if not is_remote(paths.root):
+        return _describe(holder)
+    fs, path = resolve(paths.lease)
+    written = fs.get_file_info(path).mtime
+    since = written.timestamp() if written is not None else float(holder.get("acquired_at") or 0)
+    return _describe(holder) if time.time() - since < float(holder.get("ttl_s") or LEASE_TTL_S) else None

@@ -44,6 +44,7 @@ from study.run.export import ParquetCallback, export_experiment, finished_parque
 from study.run.fused import start_fusion, stop_fusions
 from study.run.lease import hold_lease
 from study.run.processes import Reaper
+from study.run.progress import shown_in_place
 from study.run.replay import replay_asha, replaying_records
 from study.run.stops import (
     crash_handler_back_for_ray_processes,
@@ -138,6 +139,11 @@ class _StudyReporter(CLIReporter):
             return text
         where = f"Results: {_storage_of(trials[0])} (Parquet under trials/ and history/, Tune's under tune/)"
         return "\n".join(where if line.startswith("Result logdir: ") else line for line in text.split("\n"))
+
+    def report(self, trials: list[Trial], done: bool, *sys_info: str) -> None:
+        text = self._progress_str(trials, done, *sys_info)
+        if not shown_in_place(self, text):  # in a notebook: one table, redrawn (`study.run.progress`)
+            self._print(text)
 
 
 def _storage_of(trial: Trial) -> str:

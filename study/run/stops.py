@@ -23,12 +23,14 @@ from typing import Any
 
 __all__ = [
     "RAY_CRASH_HANDLER_OFF",
+    "caused_by_ctrl_c",
     "crash_handler_back_for_ray_processes",
     "crash_handler_off_for_the_driver",
     "install_stop_handlers",
     "raise_a_swallowed_stop",
     "restore_stop_handlers",
     "stop_handlers",
+    "stops_as_ctrl_c",
     "stops_held_while_ray_starts",
 ]
 
@@ -87,6 +89,43 @@ def install_stop_handlers() -> None:
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _as_ctrl_c)
     sys.unraisablehook = _quiet_when_a_stop_was_swallowed
+
+
+@contextlib.contextmanager
+def stops_as_ctrl_c() -> Iterator[None]:
+    """For the block, Ctrl-C and SIGTERM raise KeyboardInterrupt and are remembered, as in the
+    command (`install_stop_handlers`): a study driven from Python (a notebook's kernel, whose
+    interrupt is a SIGINT) stops as the command does. The caller's handlers, and whether a stop
+    had come, are put back afterwards, so a later study is not stopped by this one's stop.
+    Outside the main thread, which no signal reaches, nothing changes."""
+    global _stop_asked
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    saved: dict[int, Any] = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    asked = _stop_asked
+    for sig in saved:
+        signal.signal(sig, _as_ctrl_c)
+    try:
+        yield
+    finally:
+        restore_stop_handlers(saved)
+        _stop_asked = asked
+
+
+def caused_by_ctrl_c(error: BaseException) -> bool:
+    """Whether ``error`` wraps a Ctrl-C (a stop signal): Python 3.11 turns a KeyboardInterrupt
+    raised inside a class body's ``__set_name__`` into a RuntimeError whose cause it is, so a
+    Ctrl-C landing while a module defines such a class (``import ray.tune`` does) reads as an
+    error unless its causes are looked at."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        if isinstance(current, KeyboardInterrupt):
+            return True
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return False
 
 
 def raise_a_swallowed_stop() -> None:

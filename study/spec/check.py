@@ -20,7 +20,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from ponder.config import compiles_on
@@ -29,8 +29,10 @@ from study.storage.commands import command_name
 from study.storage.storage import StudyPaths, has_scheme
 
 __all__ = [
+    "Check",
     "Estimate",
     "asha_milestones",
+    "check",
     "check_spec",
     "fusion_note",
     "group_members",
@@ -53,9 +55,53 @@ MEMORY_MEMBERS = 4
 K: its rows of every tensor)."""
 
 
+@dataclass(frozen=True)
+class Check:
+    """What running a spec would do, as data: ``ponder-study check``'s report, which `str` gives."""
+
+    spec: StudySpec
+    """The validated spec, with its overrides (name, trials, storage)."""
+    trials: int
+    """``num_samples``: trials the study runs."""
+    budget: int
+    """Trial-iterations if every trial runs its whole budget (trials x ``iterations``)."""
+    least_budget: int
+    """The least ASHA could cut the budget to (the budget itself without ASHA)."""
+    cpu: float
+    """CPUs a trial reserves (a fused group's share: ``[resources] cpu / fuse``)."""
+    gpu: float
+    """GPUs a trial reserves (``[resources] gpu / fuse``)."""
+    fuse: int
+    """Trials trained as one model (``[resources] fuse``; 1: each in its own process)."""
+    fits: int
+    """Trials this machine holds at once (0: a cluster must run it)."""
+    at_once: int
+    """Trials at once here: ``fits``, at most ``max_concurrent``."""
+    exists: bool
+    """A study of this name is already under the storage (`run` would refuse it)."""
+    estimate: Estimate | None
+    """The iterations timed here; None with ``estimate=False`` or where the task cannot be built."""
+    wall_s: float | None
+    """Estimated seconds of training and evaluation for the whole budget (None: not estimated)."""
+    least_wall_s: float | None
+    """The same for ASHA's least budget (None: not estimated, or no ASHA)."""
+    group_bytes: float | None
+    """A fused group's memory on its device at an iteration's peak (None: not fused, or not estimated)."""
+    text: str = field(repr=False)
+    """The report ``ponder-study check`` prints."""
+
+    def __str__(self) -> str:
+        return self.text
+
+
 def check_spec(spec_arg: str, storage: str | None = None, *, estimate: bool = True) -> str:
     """The report ``ponder-study check SPEC`` prints; raises `SpecError` for a bad spec."""
-    spec = load_spec(spec_arg).with_overrides(storage=storage)
+    return str(check(load_spec(spec_arg).with_overrides(storage=storage), estimate=estimate))
+
+
+def check(spec: StudySpec, *, estimate: bool = True) -> Check:
+    """What running ``spec`` would do (`Check`), without Ray; ``estimate`` times a few training
+    iterations of its task here (torch) for the wall time and a fused group's memory."""
     lines = [f"spec {spec.name!r} is valid: {spec.description}", "", f"task {spec.task}, search space:"]
     lines += [f"  {_dimension(d)}" for d in spec.space]
     if spec.config:
@@ -76,7 +122,9 @@ def check_spec(spec_arg: str, storage: str | None = None, *, estimate: bool = Tr
         + (f" ({groups} group{'s' if groups != 1 else ''} of {res.fuse})" if res.fuse > 1 and room else "")
         + ("" if room else " (a cluster runs it: ponder-study run --address ...)"),
     ]
-    lines += ["", *_results(spec), ""]
+    exists = _exists(StudyPaths(spec.run.storage, spec.name))
+    lines += ["", *_results(spec, exists), ""]
+    wall = _Wall()
     if not estimate:
         lines.append(
             "wall time"
@@ -84,8 +132,26 @@ def check_spec(spec_arg: str, storage: str | None = None, *, estimate: bool = Tr
             + ": not estimated (--no-estimate)"
         )
     else:
-        lines += _wall_time(spec, fit, least)
-    return "\n".join(lines)
+        wall = _wall_time(spec, fit, least)
+        lines += wall.lines
+    n = spec.search.num_samples
+    return Check(
+        spec=spec,
+        trials=n,
+        budget=n * spec.iterations,
+        least_budget=least,
+        cpu=res.cpu / res.fuse,
+        gpu=res.gpu / res.fuse,
+        fuse=res.fuse,
+        fits=room,
+        at_once=fit,
+        exists=exists,
+        estimate=wall.estimate,
+        wall_s=wall.seconds,
+        least_wall_s=wall.least_seconds,
+        group_bytes=wall.group_bytes,
+        text="\n".join(lines),
+    )
 
 
 def _fusion(spec: StudySpec, groups: int) -> list[str]:
@@ -166,7 +232,7 @@ def _budget(spec: StudySpec) -> tuple[list[str], int]:
     return lines, least
 
 
-def _results(spec: StudySpec) -> list[str]:
+def _results(spec: StudySpec, exists: bool) -> list[str]:
     """Where the study's files would go, and whether a study of that name is there already."""
     paths = StudyPaths(spec.run.storage, spec.name)
     root = spec.run.storage if has_scheme(spec.run.storage) else os.path.abspath(spec.run.storage)
@@ -177,7 +243,7 @@ def _results(spec: StudySpec) -> list[str]:
         f"  trials table   {paths.trials_parquet}",
         f"  history table  {paths.history_parquet}",
     ]
-    if _exists(paths):
+    if exists:
         lines.append(
             f"  a study named {spec.name!r} already exists there: `run` would refuse it; "
             f"`{command_name()} resume {shlex.quote(spec.name)}` continues it (or run with --name NEW)"
@@ -187,9 +253,20 @@ def _results(spec: StudySpec) -> list[str]:
     return lines
 
 
-def _wall_time(spec: StudySpec, fit: int, least: int) -> list[str]:
-    """The wall-time estimate in lines, from iterations timed here (`measure`), ``fit`` trials at
-    once (with ``fuse``, in groups that each train as one model); ``least`` trial-iterations is the
+@dataclass(frozen=True)
+class _Wall:
+    """The wall-time estimate: its lines of the report, and its figures (None: not estimated)."""
+
+    lines: list[str] = field(default_factory=list)
+    estimate: Estimate | None = None
+    seconds: float | None = None
+    least_seconds: float | None = None
+    group_bytes: float | None = None
+
+
+def _wall_time(spec: StudySpec, fit: int, least: int) -> _Wall:
+    """The wall-time estimate, from iterations timed here (`measure`), ``fit`` trials at once
+    (with ``fuse``, in groups that each train as one model); ``least`` trial-iterations is the
     budget ASHA could cut to."""
     n, iters = spec.search.num_samples, spec.iterations
     full = n * iters
@@ -198,7 +275,7 @@ def _wall_time(spec: StudySpec, fit: int, least: int) -> list[str]:
     try:
         e = measure(spec, members=members)
     except Exception as exc:  # the estimate is a courtesy: a task it cannot build here is no spec error
-        return [f"wall time: no estimate ({type(exc).__name__}: {' '.join(str(exc).split())[:200]})"]
+        return _Wall([f"wall time: no estimate ({type(exc).__name__}: {' '.join(str(exc).split())[:200]})"])
     evaluations = math.ceil(iters / spec.eval_interval) * n
     at_once = max(max(fit, 1) // members, 1)  # trials, or fused groups: what trains side by side
 
@@ -231,7 +308,8 @@ def _wall_time(spec: StudySpec, fit: int, least: int) -> list[str]:
         )
     if spec.resources.gpu > 0 and e.device == "cpu":
         lines.append("  the trials ask for GPUs and none is here: on a GPU they run at another speed")
-    return lines
+    group = spec.resources.fuse * e.bytes_per_member if e.bytes_per_member else None
+    return _Wall(lines, e, wall(full), wall(least) if least < full else None, group)
 
 
 def group_members(spec: StudySpec, fit: int) -> int:

@@ -8,10 +8,12 @@ import shlex
 
 from study.storage.commands import command_name
 
-__all__ = ["DEFAULT_STORAGE", "count", "export_command", "resume_command"]
+__all__ = ["DEFAULT_STORAGE", "STORAGE_ENV", "count", "export_command", "resume_command"]
 
 DEFAULT_STORAGE = "results"
 """Where studies live when neither --storage nor $PONDER_STUDY_STORAGE says otherwise."""
+STORAGE_ENV = "PONDER_STUDY_STORAGE"
+"""The variable that names the storage when neither ``--storage`` nor ``storage=`` does."""
 
 
 def count(n: int, noun: str) -> str:

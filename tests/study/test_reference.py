@@ -28,9 +28,13 @@ def test_every_generated_table_in_the_docs_is_the_codes(page: Path) -> None:
     )
 
 
-def test_the_specs_page_holds_the_spec_keys_and_the_verbs() -> None:
-    blocks = [m.group(2) for m in MARK.finditer((REPO / "docs" / "specs.md").read_text())]
-    assert sorted(blocks) == sorted(BLOCKS)
+def test_the_specs_page_holds_the_spec_keys_and_the_verbs_and_the_api_page_its_names() -> None:
+    blocks = {
+        page: sorted(m.group(2) for m in MARK.finditer((REPO / "docs" / page).read_text()))
+        for page in ("specs.md", "api.md")
+    }
+    assert blocks == {"specs.md": ["cli", "spec-keys"], "api.md": ["api"]}
+    assert sorted(BLOCKS) == ["api", "cli", "spec-keys"]
 
 
 def test_a_stale_table_is_rewritten_and_an_unknown_one_refused() -> None:
