@@ -20,7 +20,14 @@ from study.records.records import StudyError, load_study_spec
 from study.spec.spec import StudySpec, check_name
 from study.spec.spec import list_specs as _list_specs
 from study.storage.hints import DEFAULT_STORAGE, count
-from study.storage.storage import StudyPaths, read_bytes, read_study_table, resolve, table_files
+from study.storage.storage import (
+    StudyPaths,
+    parquet_state,
+    read_bytes,
+    read_study_table,
+    resolve,
+    table_files,
+)
 from study.storage.storage import list_studies as _list_studies
 
 if TYPE_CHECKING:
@@ -248,6 +255,11 @@ def import_optuna() -> Any:
 
 
 def _written_at(paths: StudyPaths) -> datetime | None:
+    """When the Parquet was last written: as its driver recorded it (`parquet_state`), else (a
+    study written by ``export``, or before drivers recorded it) its trials files' newest time."""
+    state = parquet_state(paths)
+    if state is not None and state.get("written"):
+        return datetime.fromisoformat(str(state["written"]))
     files = table_files(paths, "trials")
     if not files:
         return None

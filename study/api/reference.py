@@ -30,7 +30,7 @@ HOMES: dict[str, str] = {
     "Importances": "study.reports.importance",
     "Report": "study.reports.report",
     "StudySpec": "study.spec.spec",
-    "SpecError": "study.spec.spec",
+    "SpecError": "study.spec.errors",
     "StorageError": "study.storage.filesystems",
     "StudyError": "study.records.records",
     "LeaseHeld": "study.run.lease",

@@ -42,6 +42,7 @@ from study.storage.storage import (
     join,
     read_study_table,
     replaced_folder,
+    write_parquet_state,
 )
 
 __all__ = [
@@ -138,6 +139,7 @@ def write_tables(
             for trial_id in rest:
                 part = t.filter(pc.equal(ids, trial_id))
                 write_study_table(paths, kind, part, file=join(folder, paths.fragment_name(trial_id)))
+    write_parquet_state(paths, table.num_rows, final=True)
     return records
 
 

@@ -31,13 +31,11 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import json
 import logging
 import time
 import uuid
 from collections import Counter
 from collections.abc import Sequence
-from datetime import UTC, datetime
 from typing import Any
 
 import pyarrow as pa
@@ -59,7 +57,7 @@ from study.storage.storage import (
     replaced_folder,
     resolve,
     table_files,
-    write_bytes,
+    write_parquet_state,
 )
 
 __all__ = ["BATCH_PREFIX", "BUDGET_SHARE", "REFRESH_S", "LiveParquet"]
@@ -91,11 +89,6 @@ def _final_history_ids(paths: StudyPaths) -> set[str]:
             with fs.open_input_file(f) as source:
                 ids.update(pq.read_table(source, columns=["trial_id"]).column("trial_id").to_pylist())
     return ids
-
-
-def _write_state(paths: StudyPaths, trials: int, final: bool) -> None:
-    state = {"written": datetime.now(UTC).isoformat(timespec="seconds"), "trials": trials, "final": final}
-    write_bytes(paths.parquet_state, json.dumps(state).encode(), durable=False)
 
 
 class LiveParquet:
@@ -229,7 +222,7 @@ class LiveParquet:
             write_study_table(paths, "trials", whole, file=paths.trials_parquet)
         statuses: Counter[str] = Counter(whole.column("status").to_pylist()) if whole.num_rows else Counter()
         statuses.update(r.status() for r in rest)
-        _write_state(paths, whole.num_rows + len(self.fragments), final)
+        write_parquet_state(paths, whole.num_rows + len(self.fragments), final)
         return statuses
 
     def _whole(self) -> pa.Table:

@@ -13,10 +13,12 @@ are re-exported here, where the rest of the project imports them from.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -86,6 +88,7 @@ __all__ = [
     "write_bytes",
     "write_json",
     "write_parquet",
+    "write_parquet_state",
 ]
 
 
@@ -148,12 +151,19 @@ def _read_study_table(paths: StudyPaths, kind: str) -> pa.Table | None:
 
 
 def parquet_state(paths: StudyPaths) -> dict[str, Any] | None:
-    """How current the study's Parquet is, as the driver that last wrote it left it
-    (`study.run.live_parquet`): ``written`` (UTC, ISO 8601), ``trials`` (its rows of the trials
-    table) and ``final`` (the run had ended: nothing was kept back); None where no driver wrote it
-    (a study from before, or one ``export`` rewrote)."""
+    """How current the study's Parquet is, as its last writer left it (`write_parquet_state`):
+    ``written`` (UTC, ISO 8601), ``trials`` (its rows of the trials table) and ``final`` (written
+    whole: a run's end, or ``export``); None for a study written before it was recorded."""
     state = read_json(paths.parquet_state)
     return state if isinstance(state, dict) else None
+
+
+def write_parquet_state(paths: StudyPaths, trials: int, final: bool) -> None:
+    """Record that the study's Parquet was written now, with ``trials`` rows of the trials table,
+    whole (``final``) or as a refresh while the study runs (a cache's note: not synced)."""
+    written = datetime.now(UTC).isoformat(timespec="seconds")
+    state = {"written": written, "trials": trials, "final": final}
+    write_bytes(paths.parquet_state, json.dumps(state).encode(), durable=False)
 
 
 def list_studies(root: str) -> list[str]:
