@@ -295,11 +295,11 @@ def _stated_values() -> list[tuple[str, str, float]]:
 
     from ponder import cli as ponder_cli
     from study.records.asha_state import FLUSH_S, FOLD_EVERY
-    from study.run.live_parquet import BUDGET_SHARE, REFRESH_S
     from study.records.parquet import SCHEMA_VERSION
     from study.reports.importance import MIN_TRIALS
     from study.reports.live import DEFAULT_INTERVAL_S
     from study.run.lease import LEASE_TTL_S
+    from study.run.live_parquet import BUDGET_SHARE, REFRESH_S
     from study.spec.spec import MAX_NAME_LENGTH
     from study.storage.filesystems import check_reachable
 
@@ -318,7 +318,11 @@ def _stated_values() -> list[tuple[str, str, float]]:
         ("docs/resume.md", r"written in place every (\d+) s or more", _tune_save_period_s()),
         ("docs/resume.md", r"every (\d+)th save \(`FOLD_EVERY`\)", FOLD_EVERY),
         ("docs/resume.md", r"made within (\d+) s of one another", FLUSH_S),
-        ("docs/parquet.md", r"at most every `\[run\] parquet_refresh_s`\s+seconds \((\d+) by default", REFRESH_S),
+        (
+            "docs/parquet.md",
+            r"at most every `\[run\] parquet_refresh_s`\s+seconds \((\d+) by default",
+            REFRESH_S,
+        ),
         ("docs/parquet.md", r"within (\d+) % of the driver's time", BUDGET_SHARE * 100),
         ("docs/parquet.md", r"schema version (\d+)", SCHEMA_VERSION),
         ("docs/parquet.md", r"`schema_version` \((\d+)\)", SCHEMA_VERSION),
