@@ -23,7 +23,8 @@ the driver makes it (Tune's final save, the Parquet written whole, Optuna's orph
 and Optuna's own cost at that N, in the same run: the same sampler with the study's trials
 copied into an in-memory study, then ``--own`` trials of ask (the space's three parameters), the
 same reports and a tell, timed; ``minus Optuna`` is the driver's cost less Optuna's own.
-``--s3`` puts the study on moto's S3 server. Then the Parquet recipes of docs/parquet.md (pandas)
+``--s3`` puts the study on moto's S3 server (its requests counted); ``--tensorboard`` turns the
+spec's ``[run] tensorboard`` on. Then the Parquet recipes of docs/parquet.md (pandas)
 over the studies, timed. The last line: ``growth <cost per trial at the largest N / at the smallest>``.
 
     .venv/bin/python bench/driver_scale.py [--sizes 100 1000 10000] [--sampler tpe] [--s3] [--quick]
@@ -93,6 +94,7 @@ gpu = 0
 [run]
 storage = {storage}
 max_failures = 0
+tensorboard = {tensorboard}
 """
 
 PHASES = ("start", "reports", "end", "step")
@@ -157,6 +159,7 @@ def run_study(
         n=n,
         concurrent=args.concurrent,
         storage=f'"{storage}"',
+        tensorboard=str(args.tensorboard).lower(),
     )
     spec = parse_spec(text, name)
     paths = StudyPaths(storage, name)
@@ -374,6 +377,9 @@ def main() -> None:
     )
     parser.add_argument("--own", type=int, default=20, help="trials timed for Optuna's own cost (0: none)")
     parser.add_argument("--s3", action="store_true", help="store the studies on moto's S3 server")
+    parser.add_argument(
+        "--tensorboard", action="store_true", help="the spec's [run] tensorboard on: its cost a trial"
+    )
     parser.add_argument("--no-recipes", action="store_true", help="skip the Parquet recipes' timing")
     parser.add_argument("--keep", action="store_true", help="keep the studies' directory (printed)")
     parser.add_argument("--quick", action="store_true", help="sizes 20 60, a smoke check")
@@ -401,7 +407,8 @@ def main() -> None:
     where = "S3 (moto server)" if args.s3 else "a local directory"
     print(
         f"driver cost per trial, {args.reports} reports a trial, {args.concurrent} live at once, "
-        f"sampler {args.sampler}, on {where}; every trial timed, averaged over the study's last trials"
+        f"sampler {args.sampler}, on {where}, TensorBoard {'on' if args.tensorboard else 'off'}; "
+        "every trial timed, averaged over the study's last trials"
     )
     rows = []
     try:

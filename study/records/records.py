@@ -110,7 +110,7 @@ class EndRecord:
     config: Mapping[str, Any] = field(default_factory=dict)
     last_result: Mapping[str, Any] = field(default_factory=dict)
     checkpoint: str | None = None
-    asha: Sequence[Change] = ()
+    asha: Sequence[Change] = field(default_factory=list)
 
     def to_json(self) -> bytes:
         """The record as one line of JSON (compact: the C encoder; no newline inside)."""
@@ -208,8 +208,7 @@ def read_ended(paths: StudyPaths, trial_id: str) -> tuple[EndRecord | None, list
 
 def read_reports(paths: StudyPaths, trial_id: str) -> list[dict[str, Any]]:
     """The reports the trial made, oldest first, as its end record keeps them (or, for a trial
-    that ended before end records kept them, as `study.storage.storage.save_reports` saved them
-    apart); none if it has none."""
+    that ended before end records kept them, as the driver saved them apart); none if it has none."""
     data = read_bytes(paths.end_record(trial_id))
     inline = _inline_reports(data) if data is not None else None
     if not inline:  # an older record, or none: the reports saved apart, if any

@@ -19,7 +19,6 @@ import shutil
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -28,7 +27,6 @@ import pyarrow.fs as pafs
 
 from study.storage.files import (
     create_bytes,
-    file_size,
     parquet_from_bytes,
     read_bytes,
     read_json,
@@ -80,7 +78,6 @@ __all__ = [
     "read_table",
     "replaced_folder",
     "resolve",
-    "save_reports",
     "share_filesystems_when_copied",
     "table_files",
     "to_uri",
@@ -180,34 +177,8 @@ def list_studies(root: str) -> list[str]:
     return sorted(names)
 
 
-def save_reports(trial: Any, reports_dir: str) -> None:
-    """Save a Tune trial's reports (its ``result.json``, from the driver's staging directory)
-    as ``<reports_dir>/<trial_id>.jsonl``, before a ledger records the trial's end.
-
-    The ledgers (``ended.json``, ASHA's stops) are written the moment a trial ends and say
-    "never train it again". Tune's own copy of ``result.json`` on the storage lags by seconds,
-    and a resume from an experiment state saved before the trial's first checkpoint starts the
-    trial afresh, emptying that copy: without this one, a driver killed at the wrong moment
-    would lose every report of a trial that never runs again. A copy already saved is only
-    replaced by a longer one."""
-    try:
-        local_dir = trial.local_path
-    except (AttributeError, RuntimeError):  # Tune's trial without a directory yet
-        return
-    if not local_dir or not Path(local_dir, "result.json").exists():
-        return
-    data = Path(local_dir, "result.json").read_bytes()
-    uri = trial_reports(reports_dir, trial.trial_id)
-    fs, path = resolve(uri)
-    saved = file_size(fs, path)
-    # a restored trial that had ended returns without reporting: its staging copy is empty
-    if saved is not None and saved >= len(data):
-        return
-    write_bytes(uri, data)
-
-
 def trial_reports(reports_dir: str, trial_id: str) -> str:
-    """Where `save_reports` keeps one trial's reports."""
+    """Where a study whose end records did not keep the reports kept one trial's reports."""
     return join(reports_dir, f"{trial_id}.jsonl")
 
 

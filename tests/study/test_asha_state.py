@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from ray.tune.schedulers import TrialScheduler
 
+from study.records import asha_state
 from study.records.asha_state import FOLD_EVERY, log_uri, parts_dir, read_state, save_changes, write_state
 from study.records.records import EndRecord, has_ended, write_end_record
 from study.search.scheduler import stopped_trials
@@ -78,10 +80,14 @@ def test_a_change_costs_the_same_in_a_large_study_as_in_a_small_one(tmp_path: Pa
     assert appended[0] == appended[1] < 100
 
 
-def test_on_an_object_store_each_save_is_one_object_and_the_state_is_written_whole_every_64(s3: S3) -> None:
-    """S3 has no append: each save is one small object, read back with the whole state; every
-    FOLD_EVERY saves the state is written whole and the objects go, so a save's cost does not
-    grow with the study and a reader reads at most FOLD_EVERY of them."""
+def test_on_an_object_store_each_save_is_one_object_and_the_state_is_written_whole_every_64(
+    s3: S3, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """S3 has no append: each save is one small object (here every change is a save of its own,
+    `FLUSH_S` 0), read back with the whole state; every FOLD_EVERY saves the state is written
+    whole and the objects go, so a save's cost does not grow with the study and a reader reads at
+    most FOLD_EVERY of them."""
+    monkeypatch.setattr(asha_state, "FLUSH_S", 0.0)
     state = f"{s3.bucket()}/studies/s/asha.json"
     s, _ = _filled(state, 40)  # about 100 saves: one fold in the middle
     parts = s3.files(parts_dir(state))
@@ -94,6 +100,23 @@ def test_on_an_object_store_each_save_is_one_object_and_the_state_is_written_who
     again.on_trial_add(None, _trial("t9999"))  # type: ignore[arg-type]
     assert json.loads(read_bytes(state) or b"{}")["stopped"] == sorted(s._stopped)  # type: ignore[attr-defined]
     assert len(s3.files(parts_dir(state))) == 1  # the new trial's assignment only
+
+
+def test_on_an_object_store_the_changes_of_a_few_seconds_are_one_save(
+    s3: S3, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A trial's changes (its bracket, a rung value a report, its stop) and those of the trials
+    beside it, made within `FLUSH_S` of the last save, are kept and saved with the next one: a
+    few objects a second, whatever the number of trials; `flush` saves what is kept (a run's end)."""
+    now = [100.0]
+    monkeypatch.setattr(asha_state.time, "monotonic", lambda: now[0])
+    state = f"{s3.bucket()}/studies/s/asha.json"
+    s, _ = _filled(state, 20)  # dozens of changes within the same instant
+    assert len(s3.files(parts_dir(state))) == 1  # the first change; the rest are kept
+    now[0] += asha_state.FLUSH_S
+    asha_state.flush(state)
+    assert len(s3.files(parts_dir(state))) == 2
+    assert read_state(state) == s._state()  # type: ignore[attr-defined]
 
 
 def test_has_ended_reads_end_records_and_the_legacy_stops_in_asha_json_only(tmp_path: Path) -> None:

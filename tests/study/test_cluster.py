@@ -23,8 +23,10 @@ import optuna
 import pandas as pd
 import pytest
 
+from study.records.records import ended_trial_ids, read_reports
 from study.run.export import EMPTIED_NOTE
 from study.spec.spec import load_spec
+from study.storage.storage import StudyPaths
 from tests.study.conftest import S3, Driver, cli
 
 # one test process holds the cluster for the module (`make test` spreads the rest over processes)
@@ -258,7 +260,6 @@ def test_fused_trials_train_one_group_per_node_and_gpu_and_survive_a_lost_node(
         storage,
         log=tmp_path / "driver.log",
     )  # fmt: skip  (the progress table on, as a user runs it)
-    reports_dir = f"{storage}/studies/fused/reports".removeprefix("s3://")
     tune_dir = f"{storage}/tune/fused/".removeprefix("s3://")
     worker_ids = {w.node_id: w for w in cluster.workers}
 
@@ -295,9 +296,9 @@ def test_fused_trials_train_one_group_per_node_and_gpu_and_survive_a_lost_node(
         assert sorted(rows["iteration"]) == list(range(every, last + 1, every)), trial_id
     where: dict[str, set[tuple[str, str]]] = {}  # fused group -> the (node, GPU) of its reports
     members = 0
-    for path in s3.files(reports_dir):
-        for line in s3.fs().open_input_stream(path).readall().splitlines():
-            report = json.loads(line)
+    paths = StudyPaths(storage, "fused")
+    for trial_id in ended_trial_ids(paths):  # the reports each trial's end record keeps
+        for report in read_reports(paths, trial_id):
             where.setdefault(report["fuse_group"], set()).add((report["node_id"], report["gpu_ids"]))
             members = max(members, report["fuse_members"])
     assert all(len(places) == 1 for places in where.values()), where  # a group is one node's GPU

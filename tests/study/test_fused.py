@@ -5,7 +5,6 @@ decision. Real Ray, Optuna and Parquet; the numbers checked against plain `Train
 from __future__ import annotations
 
 import ast
-import json
 import os
 import subprocess
 import sys
@@ -19,6 +18,7 @@ import torch
 
 from ponder.config import config_from_dict
 from ponder.trainer import Trainer
+from study.records.records import ended_trial_ids, read_reports
 from study.search.search import optuna_storage
 from study.spec.spec import load_spec
 from study.storage.storage import StudyPaths
@@ -44,11 +44,9 @@ def fused_spec(where: Path, fuse: int = FUSE) -> str:
 
 
 def saved_reports(storage: Path, name: str = NAME) -> dict[str, list[dict[str, object]]]:
-    """Every report of every ended trial, as the study saved them (`studies/<name>/reports/`)."""
-    out: dict[str, list[dict[str, object]]] = {}
-    for path in Path(StudyPaths(str(storage), name).reports_dir).glob("*.jsonl"):
-        out[path.stem] = [json.loads(line) for line in path.read_text().splitlines()]
-    return out
+    """Every report of every ended trial, as the study saved them (in its end records)."""
+    paths = StudyPaths(str(storage), name)
+    return {trial_id: read_reports(paths, trial_id) for trial_id in ended_trial_ids(paths)}
 
 
 def check_study(storage: Path) -> pd.DataFrame:

@@ -18,6 +18,7 @@ import pyarrow.fs as pafs
 import pytest
 
 from study.records import journal_copy
+from study.records.records import EndRecord, read_end_records, read_reports, write_end_record
 from study.storage.storage import (
     StorageError,
     StudyPaths,
@@ -32,10 +33,8 @@ from study.storage.storage import (
     read_table,
     replaced_folder,
     resolve,
-    save_reports,
     share_filesystems_when_copied,
     to_uri,
-    trial_reports,
     write_bytes,
     write_json,
     write_parquet,
@@ -147,33 +146,26 @@ def test_a_downloaded_studys_journal_parts_are_folded_into_it(tmp_path: Path) ->
 
 
 @pytest.mark.parametrize("where", ["local", "s3"])
-def test_saved_reports_are_never_replaced_by_fewer(
+def test_a_trial_s_reports_are_never_replaced_by_fewer(
     tmp_path: Path, where: str, request: pytest.FixtureRequest
 ) -> None:
-    """A trial's reports are saved as it ends; when a resume restarts an ended trial afresh it
-    returns without reporting, and its empty staging copy must not replace the saved one."""
+    """A trial's reports are kept in its end record as it ends; when a resume restarts an ended
+    trial it returns without reporting, and its second end, with its empty staging copy of
+    result.json, must not replace the first."""
     root = str(tmp_path / "results") if where == "local" else f"{request.getfixturevalue('s3').bucket()}/p"
-    reports = StudyPaths(root, "study").reports_dir
-    staging = tmp_path / "staging"
-    staging.mkdir()
-    trial = SimpleNamespace(trial_id="abc", local_path=str(staging))
-    save_reports(trial, reports)
-    assert read_bytes(trial_reports(reports, "abc")) is None  # nothing logged yet: nothing saved
-    (staging / "result.json").write_text('{"iteration": 10}\n')
-    save_reports(trial, reports)
-    (staging / "result.json").write_text('{"iteration": 10}\n{"iteration": 20}\n')
-    save_reports(trial, reports)
-    assert read_bytes(trial_reports(reports, "abc")) == b'{"iteration": 10}\n{"iteration": 20}\n'
-    (staging / "result.json").write_text("")  # the restored trial's fresh staging copy
-    save_reports(trial, reports)
-    assert read_bytes(trial_reports(reports, "abc")) == b'{"iteration": 10}\n{"iteration": 20}\n'
+    paths = StudyPaths(root, "study")
+    first = EndRecord("abc", "completed", 20, last_result={"iteration": 20})
+    assert write_end_record(paths, first, b'{"iteration": 10}\n{"iteration": 20}\n')
+    assert not write_end_record(paths, EndRecord("abc", "completed", 0), b"")  # the restarted one
+    assert read_reports(paths, "abc") == [{"iteration": 10}, {"iteration": 20}]
+    assert read_end_records(paths)["abc"] == first
 
 
 def test_asking_for_a_missing_file_lists_nothing_on_s3(
     s3: S3, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A trial's start and end ask for files that are not there yet (its started and end records,
-    its saved reports): one HEAD each. pyarrow's ``get_file_info`` also lists ``key/`` for a
+    """A trial's start and end ask for files that are not there yet (its started and end records):
+    one HEAD each. pyarrow's ``get_file_info`` also lists ``key/`` for a
     missing key, and a listing costs more the more the bucket holds (moto scans it whole)."""
     from moto.s3.models import S3Backend
 
@@ -194,9 +186,9 @@ def test_asking_for_a_missing_file_lists_nothing_on_s3(
     assert read_bytes(paths.ended_dir) is None  # a "directory" (a prefix) is no file either
     assert not create_bytes(paths.end_record("abc"), b"second")
     assert read_bytes(paths.end_record("abc")) == b"first"
-    save_reports(SimpleNamespace(trial_id="abc", local_path=str(staging)), paths.reports_dir)
-    save_reports(SimpleNamespace(trial_id="abc", local_path=str(staging)), paths.reports_dir)
-    assert read_bytes(trial_reports(paths.reports_dir, "abc")) == b'{"iteration": 10}\n'
+    ended = EndRecord("abd", "completed", 10)
+    assert write_end_record(paths, ended, (staging / "result.json").read_bytes())
+    assert read_reports(paths, "abd") == [{"iteration": 10}]
     assert listed == []
 
 
