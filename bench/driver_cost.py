@@ -261,7 +261,8 @@ def run_peer(
         if grid["errors"] or grid["trials"] != n:
             raise Failed(f"{label}, N={n}: {grid['trials']} trials, {grid['errors']} errored")
         ended = {"trials": grid["trials"]}
-    print(f"{label}, N={n}: driver CPU {cpu:.2f} s, wall {wall:.1f} s; {ended}", flush=True)
+    share = f"{cpu / wall:.0%} of a core"  # near 100%: the driver's thread set the pace
+    print(f"{label}, N={n}: driver CPU {cpu:.2f} s, wall {wall:.1f} s ({share}); {ended}", flush=True)
     return {"cpu": cpu, "wall": wall}
 
 
