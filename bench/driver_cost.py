@@ -6,7 +6,10 @@ system, `resource.getrusage` of the bench's children: the driver and anything it
 the trials' work, which runs in Ray's workers) and its wall time. The trials are tiny parity trials
 (4 iterations, an evaluation every 2: 2 reports with a checkpoint each; 0.25 CPU a trial, 8 at once),
 each peer run at two sizes N1 < N2 (``--sizes``, default 60 300); a figure is its cost an ADDED
-trial, (cost(N2) - cost(N1)) / (N2 - N1), so that start-up (imports, Ray's join) drops out:
+trial, (cost(N2) - cost(N1)) / (N2 - N1), so that start-up (imports, Ray's join) drops out. Beside
+the driver's wall, the trials' span (the first trial's start to the last one's end, to the second, from
+Tune's ``timestamp`` less ``time_total_s``, as the trials Parquet's ``started_at``): the wall without
+the start-up and the study's end, steadier where other jobs share the machine:
 
 - the study: ``ponder-study run <spec> --num-samples N`` (TPE seeded, ASHA grace 2 reduction 2,
   the spec written into the bench's temporary directory), progress table on, and with ``--quiet``;
@@ -173,7 +176,10 @@ grid = tune.Tuner(
         failure_config=tune.FailureConfig(max_failures=0),
     ),
 ).fit()
-print(json.dumps({{"trials": len(grid), "errors": grid.num_errors}}))
+# the trials' span: the first one's start (its last report's time less its time_total_s) to the last end
+ends = [(r.metrics["timestamp"], r.metrics["timestamp"] - r.metrics["time_total_s"]) for r in grid]
+span = max(e for e, _ in ends) - min(s for _, s in ends)
+print(json.dumps({{"trials": len(grid), "errors": grid.num_errors, "span": span}}))
 """
 
 # (label, kind, its settings); kind "study" or "tune"
@@ -244,6 +250,7 @@ def run_peer(
 
         table = pd.read_parquet(storage / "trials" / f"study={name}")
         ended = {str(k): int(v) for k, v in table["status"].value_counts().items()}
+        span = (table["ended_at"].max() - table["started_at"].min()).total_seconds()
     else:
         from study.search.search import tpe_startup_trials
 
@@ -260,10 +267,14 @@ def run_peer(
         grid = json.loads(out.strip().splitlines()[-1])
         if grid["errors"] or grid["trials"] != n:
             raise Failed(f"{label}, N={n}: {grid['trials']} trials, {grid['errors']} errored")
-        ended = {"trials": grid["trials"]}
+        ended, span = {"trials": grid["trials"]}, grid["span"]
     share = f"{cpu / wall:.0%} of a core"  # near 100%: the driver's thread set the pace
-    print(f"{label}, N={n}: driver CPU {cpu:.2f} s, wall {wall:.1f} s ({share}); {ended}", flush=True)
-    return {"cpu": cpu, "wall": wall}
+    print(
+        f"{label}, N={n}: driver CPU {cpu:.2f} s, wall {wall:.1f} s ({share}), trials' span {span:.0f} s; "
+        f"{ended}",
+        flush=True,
+    )
+    return {"cpu": cpu, "wall": wall, "span": span}
 
 
 def fsyncs(tmp: Path, n: int, env: dict[str, str], timeout: float) -> tuple[float, str]:
@@ -404,9 +415,12 @@ def measure_ray(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         n1, n2 = args.sizes
         cost = {}
         for label in rows:
-            cpu, wall = (per_added(rows[label], n1, n2, k) for k in ("cpu", "wall"))
-            cost[label] = {"cpu": cpu, "wall": wall}
-            print(f"{label}: driver CPU {cpu:.1f} ms an added trial, wall {wall:.1f} ms (N={n1} to {n2})")
+            cpu, wall, span = (per_added(rows[label], n1, n2, k) for k in ("cpu", "wall", "span"))
+            cost[label] = {"cpu": cpu, "wall": wall, "span": span}
+            print(
+                f"{label}: driver CPU {cpu:.1f} ms an added trial, wall {wall:.1f} ms, "
+                f"span {span:.1f} ms (N={n1} to {n2})"
+            )
         fsync = None
         if args.strace:
             try:
@@ -488,12 +502,15 @@ def main() -> None:
     study, quiet = cost["study, progress on"], cost["study, --quiet"]
     tune_default, tune_none = cost["plain Tune, default loggers"], cost["plain Tune, no loggers"]
     peers = tune_default["cpu"] + optuna_ms
-    print(f"\nsummary: an added trial, N={n1} to {n2}; driver CPU (its process and children), wall")
+    print(
+        f"\nsummary: an added trial, N={n1} to {n2}: driver CPU (its process and children), wall (its "
+        "process), span (the first trial's start to the last's end)"
+    )
     for label, c in cost.items():
         extra = ""
         if label in {lbl for lbl, _, _ in LOGGERS}:
             extra = f" ({c['cpu'] - tune_none['cpu']:+.1f} ms over no loggers)"
-        print(f"  {label}: CPU {c['cpu']:.1f} ms{extra}, wall {c['wall']:.1f} ms")
+        print(f"  {label}: CPU {c['cpu']:.1f} ms{extra}, wall {c['wall']:.1f} ms, span {c['span']:.1f} ms")
     print(f"  plain Optuna (TPE, journal): CPU {optuna_ms:.1f} ms")
     print(f"  plain Tune's default loggers: {tune_default['cpu'] - tune_none['cpu']:.1f} ms of CPU a trial")
     if len(tpe) > 1:
@@ -506,7 +523,8 @@ def main() -> None:
         )
     if ray_part["fsync"] is not None:
         print(f"  fsyncs a trial: {ray_part['fsync'][0]:.1f} over {n2} trials (target <= 2)")
-    wall_peer = cost["plain Tune + OptunaSearch"]["wall"]
+    wall_peer, span_peer = (cost["plain Tune + OptunaSearch"][k] for k in ("wall", "span"))
+    print(f"  span ratio {study['span'] / span_peer:.2f}  (study, progress on / plain Tune + OptunaSearch)")
     print(
         f"  wall ratio {study['wall'] / wall_peer:.2f}  "
         "(study, progress on / plain Tune + OptunaSearch; target <= 1.2)"
