@@ -5,11 +5,11 @@ process of its own joined to it by ``RAY_ADDRESS``, and what is timed is that pr
 system, `resource.getrusage` of the bench's children: the driver and anything it waits for, none of
 the trials' work, which runs in Ray's workers) and its wall time. The trials are tiny parity trials
 (4 iterations, an evaluation every 2: 2 reports with a checkpoint each; 0.25 CPU a trial, 8 at once),
-each peer run at two sizes N1 < N2 (``--sizes``, default 60 300); a figure is its cost an ADDED
-trial, (cost(N2) - cost(N1)) / (N2 - N1), so that start-up (imports, Ray's join) drops out. Beside
-the driver's wall, the trials' span (the first trial's start to the last one's end, to the second, from
-Tune's ``timestamp`` less ``time_total_s``, as the trials Parquet's ``started_at``): the wall without
-the start-up and the study's end, steadier where other jobs share the machine:
+each peer run at two sizes N1 < N2 (``--sizes``, default 60 300), one right after the other; a
+figure is its cost an ADDED trial, (cost(N2) - cost(N1)) / (N2 - N1), so that start-up (imports,
+Ray's join) drops out. Beside the wall, the trials' span (the first trial's start to the last one's
+end, to the second: Tune's ``timestamp`` less ``time_total_s``, as the trials Parquet's
+``started_at``), the wall without the start-up and the study's end. The peers:
 
 - the study: ``ponder-study run <spec> --num-samples N`` (TPE seeded, ASHA grace 2 reduction 2,
   the spec written into the bench's temporary directory), progress table on, and with ``--quiet``;
@@ -27,15 +27,16 @@ the start-up and the study's end, steadier where other jobs share the machine:
 ``--strace``: the study (progress on) run again at N2 under ``strace -f -c`` counting the fsync
 family (fsync, fdatasync, syncfs, sync), per trial. ``--tpe-growth [N ...]`` (default 1000 3000
 10000): Optuna's TPE in memory, prefilled with N complete trials over the same space, then 20 ask
-(3 suggests) + tell timed (CPU ms each); RandomSampler at the largest N beside it. ``--keep`` keeps
-the temporary directory (printed); ``--timeout`` bounds each process; ``--rounds R`` runs each peer R
-times at each size (the order reversed every other round) and takes each size's median.
+(3 suggests) + tell timed (CPU ms each); RandomSampler at the largest N beside it. ``--rounds R``:
+each peer R times at each size (the order reversed every other round), each size's median.
+``--keep`` keeps the temporary directory (printed); ``--timeout`` bounds each process.
 
-Costs: about 6 minutes at the default sizes on 2 cores (+1 with --strace, +3 with --loggers, +1 with
---tpe-growth); ``--quick`` (sizes 20 60, no strace, no TPE growth) about 2. The figures move with
-whatever else the machine runs: compare those of one run. Each figure prints as it comes, then a
-summary; the last line: ``ratio <the study's driver CPU an added trial (progress on) / (plain Tune,
-default loggers + plain Optuna)>``.
+Costs, on 2 cores beside other jobs: about 30 minutes with ``--strace --loggers --tpe-growth``,
+``--quick`` (sizes 20 60, no strace, no TPE growth) 8 to 12; most of a run is the drivers' start-up.
+There the wall and span move with the other jobs' load between a peer's two runs (an added trial's
+can come out negative): read them from a quiet machine; the CPU figures hold better. Each figure
+prints as it comes, then a summary; the last line: ``ratio <the study's driver CPU an added trial
+(progress on) / (plain Tune, default loggers + plain Optuna)>``.
 
     .venv/bin/python bench/driver_cost.py [--sizes 60 300] [--strace] [--loggers] [--tpe-growth [N ...]]
         [--rounds 1] [--cpus N] [--timeout 900] [--keep]
@@ -408,9 +409,11 @@ def measure_ray(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         rows: dict[str, dict[int, list[dict[str, Any]]]] = {
             lbl: {n: [] for n in args.sizes} for lbl, _, _ in peers
         }
-        for rnd in range(args.rounds):  # the order reversed every other round: drift spread evenly
-            for n in args.sizes:
-                for label, kind, settings in peers[:: -1 if rnd % 2 else 1]:
+        # a peer's two sizes one after the other, so that its difference sees one load; the order
+        # reversed every other round, so that drift spreads evenly
+        for rnd in range(args.rounds):
+            for label, kind, settings in peers[:: -1 if rnd % 2 else 1]:
+                for n in args.sizes[:: -1 if rnd % 2 else 1]:
                     rows[label][n].append(run_peer(label, kind, settings, n, tmp, env, args.timeout, rnd))
         n1, n2 = args.sizes
         cost = {}
@@ -458,6 +461,8 @@ def main() -> None:
     n1, n2 = args.sizes
     if not 0 < n1 < n2:
         parser.error(f"--sizes {n1} {n2}: two sizes, the first smaller (e.g. --sizes 60 300)")
+    if args.rounds < 1:
+        parser.error(f"--rounds {args.rounds}: one round or more")
     if args.strace and shutil.which("strace") is None:
         parser.error("--strace: no strace on PATH; install it (apt-get install strace) or leave the flag out")
     growth = None if args.tpe_growth is None else sorted(args.tpe_growth or [1000, 3000, 10000])
@@ -524,6 +529,8 @@ def main() -> None:
     if ray_part["fsync"] is not None:
         print(f"  fsyncs a trial: {ray_part['fsync'][0]:.1f} over {n2} trials (target <= 2)")
     wall_peer, span_peer = (cost["plain Tune + OptunaSearch"][k] for k in ("wall", "span"))
+    if min(wall_peer, span_peer, study["wall"], study["span"]) <= 0:
+        print("  (a wall or span an added trial <= 0: the load moved between a peer's sizes; --rounds)")
     print(f"  span ratio {study['span'] / span_peer:.2f}  (study, progress on / plain Tune + OptunaSearch)")
     print(
         f"  wall ratio {study['wall'] / wall_peer:.2f}  "
