@@ -31,7 +31,7 @@ family (fsync, fdatasync, syncfs, sync), per trial. ``--tpe-growth [N ...]`` (de
 each peer R times at each size (the order reversed every other round), each size's median.
 ``--keep`` keeps the temporary directory (printed); ``--timeout`` bounds each process.
 
-Costs, on 2 cores beside other jobs: about 30 minutes with ``--strace --loggers --tpe-growth``,
+Costs, on 2 cores beside other jobs: 17 to 30 minutes with ``--strace --loggers --tpe-growth``,
 ``--quick`` (sizes 20 60, no strace, no TPE growth) 8 to 12; most of a run is the drivers' start-up.
 There the wall and span move with the other jobs' load between a peer's two runs (an added trial's
 can come out negative): read them from a quiet machine; the CPU figures hold better. Each figure
