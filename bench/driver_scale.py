@@ -289,7 +289,8 @@ def optuna_own(paths: Any, spec: Any, args: argparse.Namespace) -> float:
     an in-memory study, then ``args.own`` trials of ask, the same reports and a tell, timed."""
     import optuna
 
-    from study.search.search import SamplerRecipe, optuna_storage
+    from study.search.journal import optuna_storage
+    from study.search.search import SamplerRecipe
 
     done = optuna.load_study(study_name=paths.name, storage=optuna_storage(paths))
     trials = done.get_trials(deepcopy=False)

@@ -69,7 +69,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from study.records.records import read_end_records  # noqa: E402
-from study.search.search import TUNE_ID_ATTR, optuna_storage  # noqa: E402
+from study.search.journal import optuna_storage  # noqa: E402
+from study.search.search import TUNE_ID_ATTR  # noqa: E402
 from study.storage.storage import StudyPaths, is_remote, read_study_table, resolve  # noqa: E402
 
 ENDED = ("completed", "early_stopped", "diverged")

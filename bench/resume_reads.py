@@ -241,7 +241,7 @@ def grow(storage: str, n: int) -> None:
     from study.records import journal_copy
     from study.records.asha_state import fold_log, read_state
     from study.records.records import read_end_records, write_end_record
-    from study.search.search import optuna_storage
+    from study.search.journal import optuna_storage
     from study.search.trial_map import TUNE_ID_ATTR
     from study.storage.storage import StudyPaths, read_bytes, resolve, trial_reports, write_bytes
 

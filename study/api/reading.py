@@ -134,7 +134,7 @@ class Study:
         ``status``, ``report`` and ``evaluate`` rank by. ``metric`` defaults to the study's
         objective; ``mode`` to that objective's direction (required for another metric).
         Raises `StudyError` when no trial has such a result yet."""
-        from study.records.parquet import ENDED_WITH_RESULT, ranked_trials
+        from study.records.ranking import ENDED_WITH_RESULT, ranked_trials
 
         metric = metric or self.metric
         if mode is None:

@@ -14,7 +14,7 @@ import numpy.typing as npt
 import pandas as pd
 
 from ponder.metrics import CHANCE
-from study.records.parquet import chance_bar, front_eligible, pareto_marks, ranked_trials
+from study.records.ranking import chance_bar, front_eligible, pareto_marks, ranked_trials
 from study.reports.seeds import SEED_METRICS, seed_intervals
 from study.spec.spec import StudySpec
 from study.storage.storage import StudyPaths

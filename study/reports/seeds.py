@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
-from study.records.parquet import ENDED_WITH_RESULT
+from study.records.ranking import ENDED_WITH_RESULT
 
 __all__ = ["GAP", "SEED_METRICS", "seed_intervals", "t_quantile"]
 

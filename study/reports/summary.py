@@ -55,7 +55,7 @@ def summary(paths: StudyPaths, metric: str = "test/halted_accuracy", mode: str =
         f"study {paths.name}: {count(len(df), 'trial')}: " + ", ".join(f"{n} {s}" for s, n in counts.items())
     ]
     columns = [c for c in dict.fromkeys([*SUMMARY_COLUMNS, metric]) if c in df.columns]
-    from study.records.parquet import leaderboard, ranked_trials  # the report's and evaluate's order
+    from study.records.ranking import leaderboard, ranked_trials  # the report's and evaluate's order
 
     ranked = ranked_trials(df, metric, mode)
     best = ranked.head(top)[columns]

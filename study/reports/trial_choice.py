@@ -11,7 +11,7 @@ from typing import Any
 
 import pandas as pd
 
-from study.records.parquet import ENDED_WITH_RESULT, ranked_trials
+from study.records.ranking import ENDED_WITH_RESULT, ranked_trials
 from study.spec.spec import SpecError, parse_spec
 from study.storage.storage import StudyPaths, list_studies, read_bytes, read_study_table
 

@@ -33,8 +33,7 @@ from study.run.dataset import write_study_table
 from study.run.live_parquet import LiveParquet
 from study.run.trial_rows import FINAL, checkpoint_uri, has_directory, record_from_end, record_of
 from study.run.tune_state import restorable
-from study.search.journal import SYNC_S
-from study.search.search import optuna_storage
+from study.search.journal import SYNC_S, optuna_storage
 from study.search.trial_map import map_trials
 from study.spec.spec import StudySpec
 from study.storage.storage import (

@@ -43,7 +43,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from ray.tune.experiment import Trial
 
-from study.records.parquet import TrialRecord, history_table, pareto_marks, trials_table
+from study.records.parquet import TrialRecord, history_table, trials_table
+from study.records.ranking import pareto_marks
 from study.records.records import ended_trial_ids, read_ended
 from study.run.dataset import write_study_table
 from study.run.trial_rows import FINAL, fragment_history, record_from_end, record_of

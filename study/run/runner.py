@@ -64,12 +64,11 @@ from study.run.trainable import fault_iteration, train_trial
 from study.run.tune_logs import one_line_logs
 from study.run.tune_state import merge_started_trials, prune_old_states, restorable
 from study.search import ray_private
-from study.search.journal import clear_stale_journal_lock, flush_journals, repair_journal
+from study.search.journal import clear_stale_journal_lock, flush_journals, optuna_storage, repair_journal
 from study.search.scheduler import PersistentASHA, SnapshotBeforeStart
 from study.search.search import (
     make_scheduler,
     make_searcher,
-    optuna_storage,
     param_space,
 )
 from study.spec.spec import StudySpec

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import ray
 from ray import tune
 
-from study.records.parquet import WORST
+from study.records.ranking import WORST
 from study.records.records import has_ended
 from study.run.fused import FusedRun, Fusion
 from study.storage.storage import CHECKPOINT_FILE, StudyPaths

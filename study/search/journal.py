@@ -34,7 +34,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from optuna.storages import JournalStorage
 from optuna.storages.journal import BaseJournalBackend
+
+from study.storage.storage import StudyPaths
 
 __all__ = [
     "FLUSH_EVERY",
@@ -42,6 +45,8 @@ __all__ = [
     "StudyJournal",
     "clear_stale_journal_lock",
     "flush_journals",
+    "journal_of",
+    "optuna_storage",
     "repair_journal",
 ]
 
@@ -207,3 +212,17 @@ def clear_stale_journal_lock(journal: str) -> bool:
         return False
     os.unlink(lock)
     return True
+
+
+def optuna_storage(paths: StudyPaths) -> JournalStorage:
+    """The study's Optuna storage: a journal file beside the results (optuna-dashboard opens it),
+    written by the driver that holds the study's lease alone (`study.search.journal`)."""
+    journal = Path(paths.optuna_journal)
+    journal.parent.mkdir(parents=True, exist_ok=True)
+    return JournalStorage(StudyJournal(str(journal)))
+
+
+def journal_of(storage: Any) -> StudyJournal | None:
+    """The `StudyJournal` behind an Optuna storage, if it is one."""
+    backend = getattr(storage, "_backend", None)
+    return backend if isinstance(backend, StudyJournal) else None

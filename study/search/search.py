@@ -9,7 +9,6 @@ import warnings
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import optuna
@@ -19,7 +18,7 @@ from ray.tune.search import ConcurrencyLimiter
 from ray.tune.search.optuna import OptunaSearch
 
 from study.records.records import EndRecord, StudyError, read_end_record, read_end_records, read_reports
-from study.search.journal import StudyJournal
+from study.search.journal import journal_of, optuna_storage
 from study.search.scheduler import PersistentASHA, SnapshotBeforeStart
 from study.search.trial_map import TUNE_ID_ATTR, map_trials
 from study.spec.spec import Dimension, StudySpec
@@ -36,7 +35,6 @@ __all__ = [
     "SearcherStateError",
     "make_scheduler",
     "make_searcher",
-    "optuna_storage",
     "param_space",
     "tpe_startup_trials",
 ]
@@ -433,7 +431,7 @@ class DivergenceAwareOptunaSearch(OptunaSearch):
     def _flush(self, commit: bool = False) -> None:
         """Write the operations the study's journal keeps; with ``commit``, sync it too if it was
         last synced a second ago or more (`study.search.journal`)."""
-        journal = _journal_of(getattr(self, "_storage", None))
+        journal = journal_of(getattr(self, "_storage", None))
         if journal is not None:
             journal.commit() if commit else journal.flush()
 
@@ -513,19 +511,6 @@ def _draw(trial: optuna.trial.Trial, name: str, distribution: Any) -> None:
 def _mark_end(asked: optuna.trial.Trial, outcome: str, iteration: int) -> None:
     asked.set_user_attr(OUTCOME_ATTR, outcome)
     asked.set_user_attr(STEP, int(iteration))
-
-
-def optuna_storage(paths: StudyPaths) -> optuna.storages.JournalStorage:
-    """The study's Optuna storage: a journal file beside the results (optuna-dashboard opens it),
-    written by the driver that holds the study's lease alone (`study.search.journal`)."""
-    journal = Path(paths.optuna_journal)
-    journal.parent.mkdir(parents=True, exist_ok=True)
-    return optuna.storages.JournalStorage(StudyJournal(str(journal)))
-
-
-def _journal_of(storage: Any) -> StudyJournal | None:
-    backend = getattr(storage, "_backend", None)
-    return backend if isinstance(backend, StudyJournal) else None
 
 
 def make_searcher(

@@ -17,7 +17,7 @@ from typing import Any
 
 import pandas as pd
 
-from study.records.parquet import ranked_trials
+from study.records.ranking import ranked_trials
 from study.records.records import load_study_spec
 from study.spec.spec import Dimension, StudySpec
 from study.storage.commands import command_name

@@ -13,7 +13,7 @@ import pyarrow as pa
 import pytest
 import torch
 
-from study.records.parquet import ENDED_WITH_RESULT
+from study.records.ranking import ENDED_WITH_RESULT
 from study.reports.evaluate import (
     EvaluateError,
     Evaluation,

@@ -16,7 +16,7 @@ import torch
 
 from ponder.config import config_from_dict
 from ponder.trainer import Trainer
-from study.search.search import optuna_storage
+from study.search.journal import optuna_storage
 from study.spec.spec import load_spec
 from study.storage.storage import StudyPaths
 from tests.study.conftest import Driver, cli, history, ledger_has, trials

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 import torch
 
-from study.records.parquet import ENDED_WITH_RESULT
+from study.records.ranking import ENDED_WITH_RESULT
 from study.reports.evaluate import evaluate_trial
 from study.spec.check import measure
 from study.spec.spec import load_spec

@@ -17,7 +17,7 @@ import optuna
 import pytest
 
 from study.run.lease import LeaseHeld, hold_lease
-from study.search.search import optuna_storage
+from study.search.journal import optuna_storage
 from study.storage.storage import StudyPaths, read_bytes
 from tests.study.conftest import REPO, S3, Driver, cli, smoke_spec, trials
 

@@ -16,8 +16,9 @@ import pyarrow.fs as pafs
 import pytest
 
 from ponder.files import umask
-from study.records.parquet import ranked_trials
-from study.search.search import TUNE_ID_ATTR, optuna_storage
+from study.records.ranking import ranked_trials
+from study.search.journal import optuna_storage
+from study.search.search import TUNE_ID_ATTR
 from study.spec.spec import load_spec
 from study.storage.storage import StudyPaths
 from tests.study.conftest import S3, Driver, cli, finished, history, smoke_spec, trials

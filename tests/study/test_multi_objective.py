@@ -10,7 +10,7 @@ import optuna
 import pandas as pd
 import pytest
 
-from study.records.parquet import beats_chance
+from study.records.ranking import beats_chance
 from study.spec.spec import load_spec
 from study.storage.storage import StudyPaths
 from tests.study.conftest import cli, smoke_source, trials

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from study.records.pareto import pareto_mask
-from study.records.parquet import beats_chance, chance_bar, front_eligible, pareto_marks
+from study.records.ranking import beats_chance, chance_bar, front_eligible, pareto_marks
 
 
 def _dominated(x: np.ndarray, i: int, sign: np.ndarray) -> bool:

@@ -197,7 +197,7 @@ def test_rows_and_configs_from_before_the_data_stream_read_as_the_generator_stre
 
 
 def test_only_the_objective_stand_in_is_null_every_other_value_is_kept() -> None:
-    from study.records.parquet import WORST
+    from study.records.ranking import WORST
 
     r = _report(10, 0.5, "diverged")
     r["train/loss"] = 1.15e30  # lr 1e30: a dreadful loss, but a real one
@@ -246,7 +246,7 @@ def test_times_are_utc_and_gpu_ids_null_on_a_cpu() -> None:
 
 
 def test_a_diverged_trial_has_no_final_accuracy_and_keeps_the_last_finite_one() -> None:
-    from study.records.parquet import WORST
+    from study.records.ranking import WORST
 
     end = _report(30, -WORST, "diverged")
     end["test/mean_halting_step"] = 1.0  # what an arg-max over NaN made of it before the fix
@@ -264,7 +264,7 @@ def test_a_diverged_trial_has_no_final_accuracy_and_keeps_the_last_finite_one() 
 
 
 def test_one_function_names_the_best_trial_a_diverged_one_never() -> None:
-    from study.records.parquet import leaderboard, ranked_trials
+    from study.records.ranking import leaderboard, ranked_trials
 
     trials = pd.DataFrame(
         {
@@ -281,7 +281,7 @@ def test_one_function_names_the_best_trial_a_diverged_one_never() -> None:
 
 
 def test_the_objective_stand_in_is_null_but_a_huge_config_value_is_kept() -> None:
-    from study.records.parquet import WORST
+    from study.records.ranking import WORST
 
     history = [_report(10, -WORST, "diverged")]
     rec = TrialRecord("t", "TERMINATED", {"task": "parity", "lr": 1e30}, history)
@@ -292,7 +292,7 @@ def test_the_objective_stand_in_is_null_but_a_huge_config_value_is_kept() -> Non
 
 @pytest.mark.parametrize("odd_int", [False, True], ids=["arrow-columns", "per-value-fallback"])
 def test_both_conversion_paths_give_the_same_nulls(odd_int: bool) -> None:
-    from study.records.parquet import WORST
+    from study.records.ranking import WORST
 
     r = _report(10, 0.5, "completed")
     r["test/per_step_accuracy"] = [0.5, math.nan, math.inf]

@@ -12,7 +12,7 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from study.records.parquet import beats_chance
+from study.records.ranking import beats_chance
 from tests.study.conftest import REPO
 
 pytestmark = pytest.mark.slow

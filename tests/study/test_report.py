@@ -16,7 +16,7 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
-from study.records.parquet import ranked_trials
+from study.records.ranking import ranked_trials
 from study.reports.report import PLOTS, Report, ReportError, pareto_front, write_report
 from study.spec.spec import SPECS_DIR
 from study.storage.storage import StudyPaths, write_bytes, write_parquet
@@ -188,7 +188,7 @@ def test_the_pareto_plot_marks_the_undominated_ended_trials() -> None:
 def _parity_study(storage: Path, name: str, rows: list[tuple[str, float, float]]) -> None:
     """``parity-smoke`` written by hand, one trial per (status, test halted accuracy, mean
     halting step), its ``pareto`` column as the study would write it: no Ray, no training."""
-    from study.records.parquet import pareto_marks
+    from study.records.ranking import pareto_marks
 
     acc, steps = "test/halted_accuracy", "test/mean_halting_step"
     paths = StudyPaths(str(storage), name)

@@ -17,7 +17,8 @@ import optuna
 import pandas as pd
 import pytest
 
-from study.search.search import TUNE_ID_ATTR, optuna_storage
+from study.search.journal import optuna_storage
+from study.search.search import TUNE_ID_ATTR
 from study.spec.spec import load_spec
 from study.storage.storage import StudyPaths
 from tests.study.conftest import (

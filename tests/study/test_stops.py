@@ -280,7 +280,8 @@ def test_a_full_disk_stops_in_one_line_and_resume_finishes_after_space_is_freed(
         assert len(t) == 6 and t["status"].isin(ENDED).all(), t[["trial_id", "status"]]
         import optuna
 
-        from study.search.search import TUNE_ID_ATTR, optuna_storage
+        from study.search.journal import optuna_storage
+        from study.search.search import TUNE_ID_ATTR
         from study.storage.storage import StudyPaths
 
         study = optuna.load_study(

@@ -14,7 +14,8 @@ import optuna
 import pytest
 
 from study.records.records import EndRecord
-from study.search.search import TUNE_ID_ATTR, optuna_storage
+from study.search.journal import optuna_storage
+from study.search.search import TUNE_ID_ATTR
 from study.spec.spec import load_spec
 from study.storage.storage import StudyPaths
 from tests.study.conftest import Driver, cli, smoke_spec, trials

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from study.records.parquet import WORST
+from study.records.ranking import WORST
 from study.run.trainable import tune_metrics
 
 
