@@ -50,12 +50,13 @@ class Freshness:
     read_at: datetime
     """When this was read (UTC)."""
     written_at: datetime | None
-    """When the trials Parquet was last written (its newest file); None before a trial ended."""
+    """When the Parquet was last written: at most ``[run] parquet_refresh_s`` apart while the study
+    runs, whole at a run's end (`study.storage.storage.parquet_state`); None before any write."""
     statuses: dict[str, int]
     """Trials by status, as `Study.trials` reads them now."""
     not_in_parquet: int
-    """Ended trials the Parquet lacks yet (a driver writes it as trials end): `Study.trials`
-    shows them from their end records."""
+    """Ended trials the Parquet lacks yet (the driver writes them at its next refresh):
+    `Study.trials` shows them from their end records."""
     driver: str | None
     """Who drives the study now (its lease's holder), or None: nothing is running it."""
 
