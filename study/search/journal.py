@@ -26,6 +26,7 @@ driver's appends, unseen by it. Needs neither Ray nor torch.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import threading
 import time
@@ -34,6 +35,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import optuna
 from optuna.storages import JournalStorage
 from optuna.storages.journal import BaseJournalBackend
 
@@ -46,6 +48,7 @@ __all__ = [
     "clear_stale_journal_lock",
     "flush_journals",
     "journal_of",
+    "n_trials",
     "optuna_storage",
     "repair_journal",
 ]
@@ -56,6 +59,8 @@ last second of operations, which the end records replay."""
 
 FLUSH_EVERY = 256
 """Operations kept before they are written without waiting for `flush`."""
+
+log = logging.getLogger(__name__)
 
 _open: weakref.WeakSet[StudyJournal] = weakref.WeakSet()
 
@@ -164,10 +169,11 @@ def flush_journals(commit: bool = False) -> None:
     """Write what every journal of this process keeps (and with ``commit``, sync them now): before
     another reader of the file in this process, and as a driver's run ends."""
     for journal in list(_open):
-        if commit:
-            journal.commit(0.0)
-        else:
-            journal.flush()
+        try:
+            journal.commit(0.0) if commit else journal.flush()
+        except FileNotFoundError:  # its study's folder was deleted: nothing left to write it to
+            log.warning("the Optuna journal %s is gone; its last operations are dropped", journal._path)
+            _open.discard(journal)
 
 
 def repair_journal(journal: str) -> int:
@@ -226,3 +232,16 @@ def journal_of(storage: Any) -> StudyJournal | None:
     """The `StudyJournal` behind an Optuna storage, if it is one."""
     backend = getattr(storage, "_backend", None)
     return backend if isinstance(backend, StudyJournal) else None
+
+
+def n_trials(study: optuna.Study) -> int:
+    """How many trials the study holds, any state: read from the journal's replay where it keeps
+    them (O(1), where `get_trials` builds a list of the whole study for each call)."""
+    storage = study._storage
+    replay = getattr(storage, "_replay_result", None)
+    ids = getattr(replay, "_study_id_to_trial_ids", {}).get(study._study_id)
+    if isinstance(storage, JournalStorage) and ids is not None:
+        with storage._thread_lock:
+            storage._sync_with_backend()
+            return len(ids)
+    return len(study.get_trials(deepcopy=False))

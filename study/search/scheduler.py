@@ -96,6 +96,23 @@ def staged_reports(trial: Trial) -> bytes:
         return b""
 
 
+class _InFlight:
+    """Tune's trials not yet ended, in Tune's order, and those not yet saved, kept from
+    ``on_trial_add`` so that a choice costs the trials in flight, not the whole study. Never
+    pickled (Ray's ASHA saves its ``__dict__``): a restored scheduler reads them again."""
+
+    def __init__(self) -> None:
+        self.open: dict[str, Trial] = {}
+        self.unsaved: dict[str, Trial] = {}
+        self.seeded = False  # the controller's trials read once in this driver
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__()  # type: ignore[misc]
+
+
 class SnapshotBeforeStart(FIFOScheduler):
     """Tune's first-in-first-out scheduler that writes each trial's end record the moment it ends
     and, before any trial Tune's saved state lacks can start, that trial's own state as Tune
@@ -114,25 +131,58 @@ class SnapshotBeforeStart(FIFOScheduler):
     def __init__(self, *args: Any, paths: StudyPaths | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[no-untyped-call]  # Ray: untyped
         self.paths = paths
-        self._saved_trials: set[str] = set()  # trial ids Tune's saved state holds
+        self._forget_trials()
 
     def __setstate__(self, state: dict[str, Any]) -> None:  # restored: Tune saves again first
         self.__dict__.update(state)
-        self._saved_trials = set()
+        self._forget_trials()
+
+    def _forget_trials(self) -> None:
+        self._saved_trials: set[str] = set()  # trial ids Tune's saved state holds
+        self._in_flight = _InFlight()
+
+    def on_trial_add(self, tune_controller: TuneController, trial: Trial) -> None:
+        super().on_trial_add(tune_controller, trial)
+        self._track(trial)
+
+    def _track(self, trial: Trial) -> None:
+        flight = self._in_flight
+        flight.open.pop(trial.trial_id, None)  # an errored trial Tune requeues goes to the end
+        flight.open[trial.trial_id] = trial
+        if trial.trial_id not in self._saved_trials:
+            flight.unsaved[trial.trial_id] = trial
 
     def choose_trial_to_run(self, tune_controller: TuneController) -> Trial | None:
         # Schedulers get a wrapper that warns on controller calls outside its allow-list;
         # `checkpoint` is the controller's own save, forced past its period and awaited.
         controller = ray_private.controller_of(tune_controller)
-        trials = controller.get_trials()
-        new = [t for t in trials if t.trial_id not in self._saved_trials]
+        flight = self._in_flight
+        if not flight.seeded:  # trials Tune held before this scheduler saw them added, in its order
+            flight.seeded = True
+            flight.open.clear()
+            for trial in controller.get_trials():
+                self._track(trial)
+        new = list(flight.unsaved.values())
+        flight.unsaved.clear()
         if new and self.paths is not None:
             for trial in new:
                 record_started(self.paths, trial)
         if new and not self._saved_trials:  # the driver's first: Tune's whole state, once
             controller.checkpoint(force=True, wait=True)
         self._saved_trials.update(t.trial_id for t in new)
-        return super().choose_trial_to_run(tune_controller)
+        return self._first_waiting()
+
+    def _first_waiting(self) -> Trial | None:
+        """Tune's FIFO choice (the first pending trial, else the first paused one) over the trials
+        not yet ended: Tune's own walks every trial of the study at every choice."""
+        open_ = self._in_flight.open
+        for ended in [i for i, t in open_.items() if t.status in (Trial.TERMINATED, Trial.ERROR)]:
+            del open_[ended]
+        for status in (Trial.PENDING, Trial.PAUSED):
+            for trial in open_.values():
+                if trial.status == status:
+                    return trial
+        return None
 
     def on_trial_complete(
         self, tune_controller: TuneController, trial: Trial, result: dict[str, Any]
@@ -275,7 +325,7 @@ class PersistentASHA(SnapshotBeforeStart, AsyncHyperBandScheduler):
         self._save([["assign", trial.trial_id, bracket]])
 
     def on_trial_result(self, tune_controller: TuneController, trial: Trial, result: dict[str, Any]) -> str:
-        if trial.trial_id in self._stopped | self._stopping:
+        if trial.trial_id in self._stopped or trial.trial_id in self._stopping:
             return str(TrialScheduler.STOP)
         before = self._rungs_of(trial.trial_id)
         action = str(super().on_trial_result(tune_controller, trial, result))

@@ -18,7 +18,7 @@ from ray.tune.search import ConcurrencyLimiter
 from ray.tune.search.optuna import OptunaSearch
 
 from study.records.records import EndRecord, StudyError, read_end_record, read_end_records, read_reports
-from study.search.journal import journal_of, optuna_storage
+from study.search.journal import journal_of, n_trials, optuna_storage
 from study.search.scheduler import PersistentASHA, SnapshotBeforeStart
 from study.search.trial_map import TUNE_ID_ATTR, map_trials
 from study.spec.spec import Dimension, StudySpec
@@ -405,7 +405,7 @@ class DivergenceAwareOptunaSearch(OptunaSearch):
             return
         if not getattr(self, "_asks_ahead", True):
             return
-        if len(study.get_trials(deepcopy=False)) >= recipe.num_samples:
+        if n_trials(study) >= recipe.num_samples:
             return
         self._ahead = _asker().submit(study.ask, fixed_distributions=self._space)
 

@@ -122,3 +122,31 @@ def test_a_line_being_written_is_not_read(tmp_path: Path) -> None:
         f.write(b'{"op_code": 4, "worker_id"')  # another writer's append, cut short
     reader, _ = _study(path)
     assert [t.value for t in reader.trials] == [0.5]
+
+
+def test_a_journal_whose_study_was_deleted_does_not_stop_the_others_being_written(tmp_path: Path) -> None:
+    """One process, two studies (a notebook, a test run): the first's folder deleted with
+    operations still kept; flushing every journal writes the second's and forgets the first."""
+    (tmp_path / "gone").mkdir()
+    gone, gone_journal = _study(tmp_path / "gone" / "j")
+    kept, _ = _study(tmp_path / "j")
+    flush_journals()
+    _trial(gone, 0.1)
+    _trial(kept, 0.2)
+    (tmp_path / "gone" / "j").unlink()
+    (tmp_path / "gone").rmdir()
+    flush_journals(commit=True)
+    assert gone_journal not in journal_module._open
+    storage = JournalStorage(JournalFileBackend(str(tmp_path / "j")))
+    reread = optuna.load_study(study_name="s", storage=storage)
+    assert [t.value for t in reread.trials] == [0.2]
+
+
+def test_the_number_of_trials_is_read_without_listing_them(tmp_path: Path) -> None:
+    """`n_trials` (asking ahead checks it at every suggestion) agrees with Optuna's list."""
+    study, _ = _study(tmp_path / "j")
+    assert journal_module.n_trials(study) == 0
+    for value in (0.1, 0.2):
+        _trial(study, value)
+    study.ask()
+    assert journal_module.n_trials(study) == len(study.get_trials()) == 3

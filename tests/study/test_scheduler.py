@@ -150,3 +150,64 @@ def test_persistent_asha_takes_rays_arguments(tmp_path: Path) -> None:
     assert PersistentASHA(metric="acc", mode="max", paths=paths)._state_uri == paths.asha
     with pytest.raises(TypeError, match="state_uri or paths"):
         PersistentASHA(metric="acc", mode="max")
+
+
+class _Controller:
+    """What the scheduler's choice reads of Tune's controller: its trials, counted."""
+
+    def __init__(self) -> None:
+        self.trials: list[Any] = []
+        self.listed = 0
+
+    def get_trials(self) -> list[Any]:
+        self.listed += 1
+        return self.trials
+
+    def checkpoint(self, force: bool, wait: bool) -> None:  # Tune's whole state saved: once
+        self.saves = getattr(self, "saves", 0) + 1
+
+    def add(self, scheduler: Any, trial: Any) -> None:  # as TuneController.add_trial does
+        self.trials.append(trial)
+        scheduler.on_trial_add(self, trial)
+
+
+def test_the_choice_is_tune_s_fifo_over_the_trials_in_flight_not_the_whole_study(tmp_path: Path) -> None:
+    """The first pending trial in Tune's order, else the first paused one; ended trials leave
+    the choice, an errored trial Tune requeues goes to the end; the study's list of trials is
+    read once a driver, not at every choice (it was a walk over 10,000 trials a start)."""
+    from ray.tune.experiment import Trial
+    from ray.tune.schedulers import FIFOScheduler
+
+    from study.search.scheduler import SnapshotBeforeStart
+
+    scheduler = SnapshotBeforeStart(paths=None)
+    controller = _Controller()
+    before = Trial("__fake", stub=True)
+    controller.trials.append(before)  # held by Tune before the scheduler saw it (a restore)
+    trials = [Trial("__fake", stub=True) for _ in range(4)]
+    for trial in trials:
+        controller.add(scheduler, trial)
+    fifo = FIFOScheduler()
+    for status in ("PENDING", "PAUSED", "RUNNING"):
+        before.set_status(status)
+        assert scheduler.choose_trial_to_run(controller) is fifo.choose_trial_to_run(controller)
+    listed = controller.listed  # once by the scheduler, the rest by the FIFO it is held against
+    before.set_status(Trial.TERMINATED)
+    trials[0].set_status(Trial.ERROR)
+    trials[1].set_status(Trial.PAUSED)
+    trials[3].set_status(Trial.PAUSED)
+    assert scheduler.choose_trial_to_run(controller) is trials[2]
+    trials[2].set_status(Trial.RUNNING)
+    assert scheduler.choose_trial_to_run(controller) is trials[1]
+    trials[1].set_status(Trial.TERMINATED)
+    assert scheduler.choose_trial_to_run(controller) is trials[3]
+    trials[0].set_status(Trial.PENDING)  # Tune's requeue of an errored trial: to the end, added again
+    controller.trials.remove(trials[0])
+    controller.add(scheduler, trials[0])
+    assert scheduler.choose_trial_to_run(controller) is trials[0]
+    trials[3].set_status(Trial.PENDING)
+    assert scheduler.choose_trial_to_run(controller) is trials[3]
+    assert controller.listed == listed  # the study's trials not read again
+    assert fifo.choose_trial_to_run(controller) is trials[3]
+    assert controller.saves == 1
+    assert set(scheduler._in_flight.open) == {t.trial_id for t in (trials[0], trials[2], trials[3])}
