@@ -146,12 +146,14 @@ def run_study(
     from study.reports.summary import summary
     from study.run.export import finished_parquet
     from study.run.runner import _space, fail_orphaned_optuna_trials, study_callbacks
+    from study.search import ray_private
     from study.search.journal import flush_journals
     from study.search.search import make_scheduler, make_searcher
     from study.spec.spec import parse_spec
     from study.storage.storage import StudyPaths, share_filesystems_when_copied, write_bytes
 
-    share_filesystems_when_copied()  # as study.run.runner._fit does before Tune starts
+    share_filesystems_when_copied()  # as study.run.runner._prepare_driver does before Tune starts
+    ray_private.remember_registered()
     name = f"scale-{n}"
     text = SPEC.format(
         iterations=250 * args.reports,

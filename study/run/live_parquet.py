@@ -198,7 +198,8 @@ class LiveParquet:
         others as their own fragments; the fragments of trials now final go first."""
         spec, paths = self.spec, self.paths
         done = [r for r in records if r.ended and r.status() in FINAL and r.trial_id not in self.final_ids]
-        rest = [r for r in records if r.trial_id not in {d.trial_id for d in done} | self.final_ids]
+        done_ids = {d.trial_id for d in done}
+        rest = [r for r in records if r.trial_id not in done_ids and r.trial_id not in self.final_ids]
         for rec in done:
             if rec.trial_id in self.fragments:  # gone before it is written final: never twice
                 self._remove_fragments(rec.trial_id)

@@ -407,6 +407,7 @@ def _prepare_driver(paths: StudyPaths) -> None:
     """What the driver sets up once Ray is up, before Tune starts: the Optuna journal ready
     under the lease, and Tune's settings."""
     share_filesystems_when_copied()  # Tune copies its spec, and the filesystem, for each new trial
+    ray_private.remember_registered()  # Tune asks Ray's GCS twice a new trial otherwise
     journal_copy.pull(paths)
     if clear_stale_journal_lock(paths.optuna_journal):  # under the lease: a killed driver's
         log.info("removed the Optuna journal lock a stopped driver left")

@@ -25,19 +25,21 @@ driver's appends, unseen by it. Needs neither Ray nor torch.
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import os
 import threading
 import time
 import weakref
-from collections.abc import Iterator
+from collections.abc import Container, Iterator
 from pathlib import Path
 from typing import Any
 
 import optuna
 from optuna.storages import JournalStorage
 from optuna.storages.journal import BaseJournalBackend
+from optuna.trial import FrozenTrial, TrialState
 
 from study.storage.storage import StudyPaths
 
@@ -45,6 +47,7 @@ __all__ = [
     "FLUSH_EVERY",
     "SYNC_S",
     "StudyJournal",
+    "StudyStorage",
     "clear_stale_journal_lock",
     "flush_journals",
     "journal_of",
@@ -165,6 +168,41 @@ class StudyJournal(BaseJournalBackend):
         self._size += len(whole)
 
 
+class StudyStorage(JournalStorage):
+    """Optuna's journal storage that finds the trials waiting to run without walking the study:
+    Optuna looks for them at every ask (the trials a warm start enqueued), which walked every
+    trial of the study (2 ms of each ask at 10,000 trials, more than the random sampler's own)."""
+
+    def __init__(self, backend: BaseJournalBackend) -> None:
+        super().__init__(backend)
+        self._not_waiting: dict[int, int] = {}  # study id -> trials before it are past WAITING
+
+    def __setstate__(self, state: dict[Any, Any]) -> None:
+        super().__setstate__(state)
+        self._not_waiting = {}
+
+    def get_all_trials(
+        self, study_id: int, deepcopy: bool = True, states: Container[TrialState] | None = None
+    ) -> list[FrozenTrial]:
+        if not isinstance(states, tuple) or states != (TrialState.WAITING,):
+            return super().get_all_trials(study_id, deepcopy, states)
+        with self._thread_lock:
+            self._sync_with_backend()
+            replay = self._replay_result
+            ids = replay._study_id_to_trial_ids.get(study_id)
+            if ids is None:  # Optuna's own error for an unknown study
+                return super().get_all_trials(study_id, deepcopy, states)
+            # a trial is created WAITING (enqueued) or RUNNING and never becomes WAITING again: the
+            # leading trials past it are skipped for good
+            start = self._not_waiting.get(study_id, 0)
+            while start < len(ids) and replay._trials[ids[start]].state != TrialState.WAITING:
+                start += 1
+            self._not_waiting[study_id] = start
+            waiting = [replay._trials[i] for i in ids[start:]]
+            waiting = [t for t in waiting if t.state == TrialState.WAITING]
+        return copy.deepcopy(waiting) if deepcopy else waiting
+
+
 def flush_journals(commit: bool = False) -> None:
     """Write what every journal of this process keeps (and with ``commit``, sync them now): before
     another reader of the file in this process, and as a driver's run ends."""
@@ -220,12 +258,12 @@ def clear_stale_journal_lock(journal: str) -> bool:
     return True
 
 
-def optuna_storage(paths: StudyPaths) -> JournalStorage:
+def optuna_storage(paths: StudyPaths) -> StudyStorage:
     """The study's Optuna storage: a journal file beside the results (optuna-dashboard opens it),
     written by the driver that holds the study's lease alone (`study.search.journal`)."""
     journal = Path(paths.optuna_journal)
     journal.parent.mkdir(parents=True, exist_ok=True)
-    return JournalStorage(StudyJournal(str(journal)))
+    return StudyStorage(StudyJournal(str(journal)))
 
 
 def journal_of(storage: Any) -> StudyJournal | None:

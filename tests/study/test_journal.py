@@ -150,3 +150,33 @@ def test_the_number_of_trials_is_read_without_listing_them(tmp_path: Path) -> No
         _trial(study, value)
     study.ask()
     assert journal_module.n_trials(study) == len(study.get_trials()) == 3
+
+
+def test_the_trials_waiting_to_run_are_optuna_s_own_without_walking_the_study(tmp_path: Path) -> None:
+    """Enqueued trials are popped in Optuna's order between asks that make new ones; the waiting
+    list is Optuna's at every point, and the trials already past waiting are not read again."""
+    from optuna.trial import TrialState
+
+    from study.search.journal import StudyStorage
+
+    storage = StudyStorage(StudyJournal(str(tmp_path / "j")))
+    study = optuna.create_study(study_name="s", storage=storage)
+    waiting = (TrialState.WAITING,)
+
+    def optuna_s() -> list[int]:
+        flush_journals()
+        own = JournalStorage(JournalFileBackend(str(tmp_path / "j")))
+        return [t.number for t in own.get_all_trials(study._study_id, states=waiting)]
+
+    for x in (0.1, 0.2):
+        _trial(study, x)
+    for x in (0.3, 0.4, 0.5):
+        study.enqueue_trial({"x": x})
+    seen = []
+    for _ in range(6):
+        assert [t.number for t in storage.get_all_trials(study._study_id, states=waiting)] == optuna_s()
+        trial = study.ask()
+        seen.append(trial.suggest_float("x", 0.0, 1.0))
+        study.tell(trial, 0.0)
+    assert seen[:3] == [0.3, 0.4, 0.5] and optuna_s() == []
+    assert storage._not_waiting[study._study_id] == 7  # as of the last ask: none walked again

@@ -1059,3 +1059,39 @@ def test_optuna_restore(
     trials_2_config = [trial.config for trial in results_exp_2.trials]
     trials_3_config = [trial.config for trial in results_exp_3.trials]
     assert trials_1_config + trials_2_config == trials_3_config
+
+
+@runs_tune
+def test_tune_s_registry_answers_a_registered_trainable_from_memory(
+    ray_started: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Not Ray's test: the driver's `remember_registered` asks Ray's GCS once whether a
+    trainable is registered, where Tune asks twice a trial; a registration or removal in this
+    process asks again."""
+    import ray.tune.registry as registry_module
+
+    from study.search.ray_private import remember_registered
+
+    asked: list[bytes] = []
+    ask = registry_module._internal_kv_get
+    monkeypatch.setattr(
+        registry_module, "_internal_kv_get", lambda key, **kw: asked.append(key) or ask(key, **kw)
+    )
+    registry = registry_module._global_registry
+    try:
+        remember_registered()
+        remember_registered()  # once a process: not wrapped twice
+        registry_module.register_trainable("remembered", lambda config: None)
+        assert [registry.contains("trainable_class", "remembered") for _ in range(3)] == [True] * 3
+        assert len(asked) == 1
+        assert registry.contains("trainable_class", "never-registered") is False
+        assert registry.contains("trainable_class", "never-registered") is False  # no is asked again
+        assert len(asked) == 3
+        registry.unregister("trainable_class", "remembered")
+        assert registry.contains("trainable_class", "remembered") is False
+        registry_module.register_trainable("remembered", lambda config: None)
+        assert registry.contains("trainable_class", "remembered") is True
+        assert len(asked) == 5
+    finally:  # the other tests of this process see Tune's own registry
+        for name in ("contains", "register", "unregister", "_remembered"):
+            registry.__dict__.pop(name, None)
