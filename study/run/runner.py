@@ -46,6 +46,7 @@ from study.run.lease import hold_lease
 from study.run.processes import Reaper
 from study.run.progress import shown_in_place
 from study.run.replay import replay_asha, replaying_records
+from study.run.slim_trials import SlimEndedTrials
 from study.run.stops import (
     crash_handler_back_for_ray_processes,
     raise_a_swallowed_stop,
@@ -173,9 +174,11 @@ def study_callbacks(spec: StudySpec, paths: StudyPaths) -> list[Callback]:
     """The study's own callbacks for Tune: the Parquet; TensorBoard's scalars with ``[run]
     tensorboard`` (in place of Tune's default TensorBoard logger, which is off otherwise); Tune's
     JSON logger stays (each trial's ``result.json``: the reports its end record keeps, the live
-    view's), its CSV logger goes (``progress.csv``, which nothing reads: the Parquet has it all)."""
+    view's), its CSV logger goes (``progress.csv``, which nothing reads: the Parquet has it all);
+    an ended trial's running statistics in Tune's state are cut to the objectives'."""
     board: Callback = ScalarTensorBoard() if spec.run.tensorboard else NoTensorBoard()
-    return [ParquetCallback(paths, spec), board, NoCSV()]
+    slim = SlimEndedTrials(metric for metric, _ in spec.front_objectives)
+    return [ParquetCallback(paths, spec), board, NoCSV(), slim]
 
 
 def _run_config(spec: StudySpec, paths: StudyPaths, verbose: int) -> tune.RunConfig:
