@@ -27,7 +27,7 @@ import pandas as pd
 import pytest
 
 from study.launchers.submit import STOP_ENV, JobServer, SubmitError, job_outcome, job_request, server_address
-from study.records.records import END_OUTCOMES
+from study.records.records import END_OUTCOMES, read_end_records
 from study.storage.storage import StudyPaths, read_study_table
 from tests.study.conftest import REPO, S3, cli, free_port, processes_naming, smoke_spec
 
@@ -185,7 +185,9 @@ def test_a_submitted_study_stops_with_ray_job_stop_and_a_second_submission_finis
     )
     server = JobServer(ray_started.server, ray_started.env)
     deadline = time.monotonic() + 240
-    while (df := _trials(storage, "parity-smoke")) is None or not set(df["status"]) & set(END_OUTCOMES):
+    # a trial's end is its end record, at once (the Parquet follows on its refresh budget, by when
+    # a loaded machine may have run the whole study)
+    while not read_end_records(StudyPaths(storage, "parity-smoke")):
         assert time.monotonic() < deadline and server.info(job_id)["status"] in ("PENDING", "RUNNING"), (
             server.logs(job_id)[-3000:]
         )
