@@ -154,6 +154,7 @@ def run_study(
 
     share_filesystems_when_copied()  # as study.run.runner._prepare_driver does before Tune starts
     ray_private.remember_registered()
+    ray_private.compact_saved_states()
     name = f"scale-{n}"
     text = SPEC.format(
         iterations=250 * args.reports,

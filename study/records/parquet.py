@@ -55,6 +55,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from ponder.config import CONFIGS, STORED_DEFAULTS, FieldInfo, fields_of, resolve_config, stored_config
 from ponder.metrics import SET_LIST_METRICS, SET_METRICS, TIMING_KEYS, TRAIN_METRICS
@@ -63,6 +64,7 @@ from study.records.ranking import WORST, pareto_marks
 
 __all__ = [
     "CANONICAL_SETS",
+    "ROWS_IN_PYTHON",
     "SCHEMA_VERSION",
     "STATUSES",
     "TrialRecord",
@@ -454,27 +456,68 @@ def _stand_ins(objectives: Iterable[tuple[str, str]]) -> dict[str, float]:
     return {metric: -WORST if mode == "max" else WORST for metric, mode in objectives}
 
 
+ROWS_IN_PYTHON = 32
+"""Up to this many rows, `_table` sets non-finite numbers to null in Python before Arrow converts
+them; beyond, on Arrow's columns after (an Arrow pass costs a few kernel calls a column, about
+13 ms over ~170 float columns; Python, about 80 us a row: 1 s for a refresh's 12,000 reports)."""
+
+
 def _table(rows: list[dict[str, Any]], schema: pa.Schema, stand_ins: Mapping[str, float]) -> pa.Table:
     """Rows to a table of ``schema``, non-finite numbers (and the objectives' stand-ins: column ->
     value) as nulls; every other value is kept as it is.
 
     Arrow converts whole columns at once; if it refuses a value as the column's type (a float
-    where an int goes), every value is converted first. Nulls are set in Python on the rows
-    either way, before Arrow converts them: a trial's fragment is a row or a few, and an Arrow
-    pass over its ~170 float columns cost a few kernel calls each, about 13 ms a table."""
+    where an int goes), every value is converted first. Nulls are set on the rows in Python for
+    a few rows (a trial's fragment), on Arrow's columns for more (`ROWS_IN_PYTHON`)."""
     floats = [f.name for f in schema if pa.types.is_floating(f.type)]
     float_lists = [
         f.name for f in schema if pa.types.is_list(f.type) and pa.types.is_floating(f.type.value_type)
     ]
 
-    def finite(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        return [_finite_row(row, floats, float_lists, stand_ins) for row in rows]
+    def finite(rows: list[dict[str, Any]]) -> pa.Table:
+        if len(rows) > ROWS_IN_PYTHON:
+            return _finite_columns(pa.Table.from_pylist(rows, schema=schema), stand_ins)
+        return pa.Table.from_pylist(
+            [_finite_row(row, floats, float_lists, stand_ins) for row in rows], schema=schema
+        )
 
     try:
-        return pa.Table.from_pylist(finite(rows), schema=schema)
+        return finite(rows)
     except (pa.ArrowInvalid, pa.ArrowTypeError):
-        coerced = [{f.name: _coerce(row.get(f.name), f.type) for f in schema} for row in rows]
-        return pa.Table.from_pylist(finite(coerced), schema=schema)
+        return finite([{f.name: _coerce(row.get(f.name), f.type) for f in schema} for row in rows])
+
+
+def _finite_columns(table: pa.Table, stand_ins: Mapping[str, float]) -> pa.Table:
+    """``table`` with the non-finite numbers (and an objective's stand-in) of its float columns,
+    and of its lists of floats, as nulls: what `_finite_row` does to a row."""
+    for i, f in enumerate(table.schema):
+        stand_in = stand_ins.get(f.name)
+        if pa.types.is_floating(f.type):
+            column = table.column(i).combine_chunks()
+            nulled = _nulled(column, stand_in)
+        elif pa.types.is_list(f.type) and pa.types.is_floating(f.type.value_type):
+            column = table.column(i).combine_chunks()  # a ListArray from offset 0
+            values = _nulled(column.values, stand_in)
+            nulled = (
+                column
+                if values is column.values
+                else pa.ListArray.from_arrays(column.offsets, values, type=f.type, mask=column.is_null())
+            )
+        else:
+            continue
+        if nulled is not column:
+            table = table.set_column(i, f, nulled)
+    return table
+
+
+def _nulled(values: pa.Array, stand_in: float | None) -> pa.Array:
+    """``values`` with NaN, +-inf and ``stand_in`` as nulls (``values`` itself if it has none)."""
+    bad = pc.invert(pc.is_finite(values))  # [rows]; null where the value is null
+    if stand_in is not None:
+        bad = pc.or_(bad, pc.equal(values, stand_in))
+    if not pc.any(bad).as_py():
+        return values
+    return pc.if_else(bad, pa.scalar(None, values.type), values)
 
 
 def _finite_row(

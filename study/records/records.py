@@ -228,14 +228,19 @@ def _listed_end_records(paths: StudyPaths) -> tuple[pafs.FileSystem, list[pafs.F
     ]
 
 
-def ended_trial_ids(paths: StudyPaths) -> set[str]:
+def ended_trial_ids(paths: StudyPaths, *, ledgers: bool = True) -> set[str]:
     """The ids of the trials that ended for good, from the listing of the end records (none of
     them read) and, for a study from before end records, its ledgers: what `finished_study`
-    needs, read before a resume, which reads the records themselves (`study.records.truth`)."""
+    needs, read before a resume, which reads the records themselves (`study.records.truth`).
+    ``ledgers=False``: the listing alone, where the ledgers were read already (ASHA's, replayed,
+    takes 0.2 s at 3,000 trials); a trial that ends now always has an end record."""
     _, listed = _listed_end_records(paths)
+    ids = {i.base_name.removesuffix(".json") for i in listed}
+    if not ledgers:
+        return ids
     legacy = read_json(paths.ended) or {}
     stopped = (read_state(paths.asha) or {}).get("stopped", [])
-    return {i.base_name.removesuffix(".json") for i in listed} | set(legacy) | set(stopped)
+    return ids | set(legacy) | set(stopped)
 
 
 def read_end_records(

@@ -140,7 +140,8 @@ class LiveParquet:
             written = trial.status == Trial.TERMINATED and trial.trial_id in self.final_ids
             if not written and self.pending.get(trial.trial_id) is None:
                 self.pending[trial.trial_id] = trial
-        for trial_id in ended_trial_ids(self.paths) - self.final_ids:  # a kill lost their rows
+        # a kill lost their rows (the ledgers of a study from before end records were read at `_load`)
+        for trial_id in ended_trial_ids(self.paths, ledgers=False) - self.final_ids:
             self.pending.setdefault(trial_id, None)
         statuses = self._write(self._take_pending(), final=True)
         live = {t.trial_id for t in trials} - self.final_ids  # what else is in a folder goes

@@ -65,7 +65,13 @@ from study.run.trainable import fault_iteration, train_trial
 from study.run.tune_logs import one_line_logs
 from study.run.tune_state import merge_started_trials, prune_old_states, restorable
 from study.search import ray_private
-from study.search.journal import clear_stale_journal_lock, flush_journals, optuna_storage, repair_journal
+from study.search.journal import (
+    clear_stale_journal_lock,
+    flush_journals,
+    live_storage,
+    optuna_storage,
+    repair_journal,
+)
 from study.search.scheduler import PersistentASHA, SnapshotBeforeStart
 from study.search.search import (
     make_scheduler,
@@ -411,6 +417,7 @@ def _prepare_driver(paths: StudyPaths) -> None:
     under the lease, and Tune's settings."""
     share_filesystems_when_copied()  # Tune copies its spec, and the filesystem, for each new trial
     ray_private.remember_registered()  # Tune asks Ray's GCS twice a new trial otherwise
+    ray_private.compact_saved_states()  # Tune's saves encode each trial in Python otherwise
     journal_copy.pull(paths)
     if clear_stale_journal_lock(paths.optuna_journal):  # under the lease: a killed driver's
         log.info("removed the Optuna journal lock a stopped driver left")
@@ -521,7 +528,8 @@ def fail_orphaned_optuna_trials(spec: StudySpec, paths: StudyPaths) -> int:
     a trial and saving Tune's state (Optuna's own heartbeat does the same to stale trials)."""
     if not Path(paths.optuna_journal).exists():
         return 0
-    study = optuna.load_study(study_name=paths.name, storage=optuna_storage(paths))
+    storage = live_storage(paths) or optuna_storage(paths)  # the searcher's, read already
+    study = optuna.load_study(study_name=paths.name, storage=storage)
     orphans = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
     for t in orphans:
         study.tell(t.number, state=optuna.trial.TrialState.FAIL)

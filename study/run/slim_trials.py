@@ -24,23 +24,28 @@ KEPT = ("training_iteration",)
 
 
 class SlimEndedTrials(Callback):
-    """Drop the running statistics of an ended trial but for ``metrics`` (and `KEPT`)."""
+    """Drop the running statistics of an ended trial but for ``metrics`` (and `KEPT`); of a
+    trial that completed, the windows of reports behind them too (it never reports again)."""
 
     def __init__(self, metrics: Iterable[str]) -> None:
         self.metrics = {*metrics, *KEPT}
 
     def on_trial_complete(self, iteration: int, trials: list[Trial], trial: Trial, **info: Any) -> None:
-        self.slim(trial)
+        self.slim(trial, completed=True)
 
     def on_trial_error(self, iteration: int, trials: list[Trial], trial: Trial, **info: Any) -> None:
-        self.slim(trial)
+        self.slim(trial)  # a resume runs it again: its statistics go on from the windows kept
 
-    def slim(self, trial: Trial) -> None:
+    def slim(self, trial: Trial, completed: bool = False) -> None:
         metadata = trial.run_metadata
         dropped = [name for name in metadata.metric_analysis if name not in self.metrics]
         for name in dropped:
             del metadata.metric_analysis[name]
             metadata.metric_n_steps.pop(name, None)
-        if dropped:
+        # the last 5 and 10 reports' values, as deques, which Tune's JSON encoder pickles one by one
+        windows = completed and bool(metadata.metric_n_steps)
+        if windows:
+            metadata.metric_n_steps = {}
+        if dropped or windows:
             metadata.invalidate_cache()  # type: ignore[no-untyped-call]  # Ray: untyped
             trial.invalidate_json_state()  # type: ignore[no-untyped-call]  # Ray: untyped

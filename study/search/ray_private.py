@@ -12,13 +12,16 @@ changes one.
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import Callable, Iterator
 from types import ModuleType
 from typing import Any
 
 import ray._private.ray_constants as ray_constants
 import ray._private.worker as ray_worker
+import ray.tune.experiment.trial as ray_trial
 import ray.tune.registry as ray_registry
+import ray.tune.trainable.metadata as ray_trial_metadata
 from ray._private.node import Node
 from ray.train._internal.session import _TrainingResult
 from ray.tune import ExperimentAnalysis
@@ -33,6 +36,7 @@ __all__ = [
     "RAY_CHECKED",
     "before_restored_trials_queue",
     "callbacks",
+    "compact_saved_states",
     "controller_of",
     "remember_registered",
     "scheduler",
@@ -77,6 +81,9 @@ PRIVATE: dict[type | ModuleType, tuple[str, ...]] = {
     ray_constants: ("PROCESS_TYPE_MONITOR",),
     # Tune's registry of trainables, answered from memory (`remember_registered`)
     ray_registry: ("_global_registry",),
+    # the json module with which Tune encodes a trial's saved state (`compact_saved_states`)
+    ray_trial: ("json",),
+    ray_trial_metadata: ("json",),
 }
 """Ray's classes and modules, and the private names of theirs this project uses."""
 
@@ -186,3 +193,25 @@ def remember_registered() -> None:
     registry.register = forgetting(register)  # type: ignore[method-assign]
     registry.unregister = forgetting(unregister)  # type: ignore[method-assign]
     registry._remembered = known  # type: ignore[attr-defined]
+
+
+class _Unindented:
+    """The json module, but for ``dumps``, which ignores ``indent``."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(json, name)
+
+    @staticmethod
+    def dumps(obj: Any, *, indent: Any = None, **kwargs: Any) -> str:
+        return json.dumps(obj, **kwargs)
+
+
+def compact_saved_states() -> None:
+    """Have Tune encode each trial's saved state (its part of every save of the experiment)
+    without indentation: Python's json encodes indented output in Python, unindented with its
+    C encoder, and Tune reads either. A trial's state of 12 reports took 1.7 ms to encode
+    indented and 1.3 ms unindented (bench: 200 trials of bench/driver_scale.py); every trial
+    that ended since Tune's last save is encoded again at the next, the study's end included."""
+    for module in (ray_trial, ray_trial_metadata):
+        if not isinstance(getattr(module, "json", None), _Unindented):
+            setattr(module, "json", _Unindented())  # noqa: B010  # mypy: the module's own import

@@ -180,3 +180,29 @@ def test_the_trials_waiting_to_run_are_optuna_s_own_without_walking_the_study(tm
         study.tell(trial, 0.0)
     assert seen[:3] == [0.3, 0.4, 0.5] and optuna_s() == []
     assert storage._not_waiting[study._study_id] == 7  # as of the last ask: none walked again
+
+
+def test_the_driver_s_own_storage_answers_after_its_run_unless_the_file_moved_on(tmp_path: Path) -> None:
+    """`live_storage`: what follows a run (its orphans failed) uses the searcher's storage, read
+    already, while it is in step with the file; another writer's append, or a file cut back
+    (`repair_journal`), and the journal is read again."""
+    from study.search.journal import StudyStorage, live_storage
+    from study.storage.storage import StudyPaths
+
+    paths = StudyPaths(str(tmp_path), "s")
+    Path(paths.optuna_journal).parent.mkdir(parents=True)
+    storage = StudyStorage(StudyJournal(paths.optuna_journal))
+    study = optuna.create_study(study_name="s", storage=storage)
+    _trial(study, 0.1)
+    study.ask()  # kept in memory, not yet written: written before the answer
+    assert live_storage(paths) is storage
+    assert live_storage(StudyPaths(str(tmp_path), "other")) is None
+    other, _ = _study(Path(paths.optuna_journal))  # a second writer appends a trial
+    _trial(other, 0.2)
+    flush_journals()
+    assert live_storage(paths) is None
+    assert len(study.get_trials()) == 3  # it reads the other's trial: in step again
+    assert live_storage(paths) in (storage, other._storage)
+    data = Path(paths.optuna_journal).read_bytes()
+    Path(paths.optuna_journal).write_bytes(data[: data.rfind(b"\n", 0, len(data) - 1) + 1])
+    assert live_storage(paths) is None

@@ -7,10 +7,12 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import pyarrow as pa
 import pytest
 
 from study.records.parquet import (
     CANONICAL_SETS,
+    ROWS_IN_PYTHON,
     SCHEMA_VERSION,
     TrialRecord,
     history_table,
@@ -290,8 +292,9 @@ def test_the_objective_stand_in_is_null_but_a_huge_config_value_is_kept() -> Non
     assert pd.isna(row["test/halted_accuracy"])
 
 
+@pytest.mark.parametrize("trials", [1, ROWS_IN_PYTHON + 1], ids=["nulls-in-python", "nulls-on-arrow"])
 @pytest.mark.parametrize("odd_int", [False, True], ids=["arrow-columns", "per-value-fallback"])
-def test_both_conversion_paths_give_the_same_nulls(odd_int: bool) -> None:
+def test_both_conversion_paths_give_the_same_nulls(odd_int: bool, trials: int) -> None:
     from study.records.ranking import WORST
 
     r = _report(10, 0.5, "completed")
@@ -301,12 +304,46 @@ def test_both_conversion_paths_give_the_same_nulls(odd_int: bool) -> None:
     if odd_int:
         r["nan_events"] = 2.0  # a float where an int goes
         r["gpu_ids"] = 0  # and an int where a string goes: Arrow refuses the rows as they are
-    rec = TrialRecord("t", "TERMINATED", {"task": "parity", "lr": math.inf}, [r])
-    row = trials_table([rec], "test/halted_accuracy", "max").to_pandas().iloc[0]
-    assert list(row["test/per_step_accuracy"][:1]) == [0.5]
-    assert pd.isna(row["test/per_step_accuracy"][1]) and pd.isna(row["test/per_step_accuracy"][2])
-    assert pd.isna(row["test/loss"]) and pd.isna(row["test/halted_accuracy"]) and pd.isna(row["lr"])
-    assert row["nan_events"] == (2 if odd_int else 0)
+    records = [
+        TrialRecord(f"t{i}", "TERMINATED", {"task": "parity", "lr": math.inf}, [r]) for i in range(trials)
+    ]
+    table = trials_table(records, "test/halted_accuracy", "max").to_pandas()
+    assert len(table) == trials
+    for _, row in table.iterrows():
+        assert list(row["test/per_step_accuracy"][:1]) == [0.5]
+        assert pd.isna(row["test/per_step_accuracy"][1]) and pd.isna(row["test/per_step_accuracy"][2])
+        assert pd.isna(row["test/loss"]) and pd.isna(row["test/halted_accuracy"]) and pd.isna(row["lr"])
+        assert row["nan_events"] == (2 if odd_int else 0)
+
+
+def test_a_batch_of_trials_is_the_rows_of_each_trial_alone() -> None:
+    """A refresh writes many trials' reports in one table, its nulls set on Arrow's columns; a
+    trial's fragment, its few rows in Python: the rows are the same."""
+    from study.records.ranking import WORST
+
+    records = []
+    for i in range(4):
+        reports = [_report(10 * (k + 1), 0.1 * k, "running") for k in range(12)]
+        reports[i]["test/loss"] = [math.nan, math.inf, -math.inf, 1.0][i]
+        reports[i + 1]["test/halted_accuracy"] = -WORST  # the objective's stand-in
+        reports[i + 2]["test/per_step_accuracy"] = [math.nan, None, 0.5][: i + 1]
+        reports[i + 3]["test/per_step_accuracy"] = None
+        reports[-1]["outcome"] = "completed"
+        records.append(
+            TrialRecord(f"t{i}", "TERMINATED", {"task": "parity", "lr": [1.0, math.inf][i % 2]}, reports)
+        )
+    objectives = [("test/halted_accuracy", "max")]
+    batch = history_table(records, objectives)
+    assert batch.num_rows > ROWS_IN_PYTHON
+    alone = pa.concat_tables([history_table([r], objectives) for r in records])
+    assert batch.equals(alone)
+    assert batch.column("test/halted_accuracy").null_count == 4
+    assert batch.column("test/loss").drop_null().to_pylist() == [1.0]  # NaN, inf, -inf null
+    trials = trials_table(records, "test/halted_accuracy", "max", (), objectives)
+    each = pa.concat_tables(
+        [trials_table([r], "test/halted_accuracy", "max", (), objectives) for r in records]
+    )
+    assert trials.equals(each)
 
 
 SCHEMA_2 = Path(__file__).parent / "data" / "schema2"

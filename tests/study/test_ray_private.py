@@ -69,3 +69,38 @@ def test_only_the_monitor_of_an_instance_the_process_started_is_killed() -> None
     before, joined, running, own, left, again = map(int, done.stdout.split()[-6:])
     assert (before, joined) == (0, 0)  # no Ray yet; a joined cluster's monitor is not the driver's
     assert running == 1 and own == 1 and left == 0 and again == 0
+
+
+def test_tune_saves_a_trial_unindented_and_restores_it_as_it_was(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`compact_saved_states`: Tune's saved form of a trial is the same JSON without its
+    indentation, and Tune restores a trial from it with its state and statistics."""
+    import json
+
+    import ray.tune.experiment.trial as ray_trial
+    import ray.tune.trainable.metadata as ray_trial_metadata
+    from ray.tune.experiment import Trial
+
+    from study.search.ray_private import compact_saved_states
+
+    for module in (ray_trial, ray_trial_metadata):  # the other tests of this process see Tune's own
+        monkeypatch.setattr(module, "json", module.json)
+    from ray.tune import PlacementGroupFactory
+
+    trial = Trial("__fake", stub=True, config={"lambda_p": 0.2})
+    trial.placement_group_factory = PlacementGroupFactory([{"CPU": 1}])  # a stub sets none
+    for step in (1, 2, 3):
+        trial.update_last_result({"test/halted_accuracy": 0.3 * step, "training_iteration": step})
+    indented = trial.get_json_state()
+    compact_saved_states()
+    compact_saved_states()  # once: not wrapped twice
+    trial.invalidate_json_state()
+    trial.run_metadata.invalidate_cache()
+    compact = trial.get_json_state()
+    assert all("\n" not in part for part in compact) and all("\n" in part for part in indented)
+    assert json.loads(compact[1]) == json.loads(indented[1])
+    assert json.loads(compact[0]) == json.loads(indented[0])
+    restored = Trial.from_json_state(compact[0], stub=True)
+    restored.restore_run_metadata(compact[1])
+    assert restored.config == {"lambda_p": 0.2} and restored.trial_id == trial.trial_id
+    assert restored.run_metadata.metric_analysis == trial.run_metadata.metric_analysis
+    assert restored.last_result["test/halted_accuracy"] == pytest.approx(0.9)

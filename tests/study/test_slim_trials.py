@@ -29,7 +29,7 @@ def test_an_ended_trial_keeps_the_statistics_of_the_objectives_only_and_tune_sav
     analysis = trial.run_metadata.metric_analysis
     assert set(analysis) == {*objectives, "training_iteration"}
     assert analysis["test/halted_accuracy"]["max"] == 0.9
-    assert set(trial.run_metadata.metric_n_steps) == set(analysis)
+    assert trial.run_metadata.metric_n_steps == {}  # completed: it never reports again
     after = trial.get_json_state()
     assert after != before  # not Tune's cached form of the whole statistics
     saved = json.loads(after[1])
@@ -44,3 +44,12 @@ def test_a_trial_without_other_statistics_is_left_as_it_was() -> None:
     state = trial.get_json_state()
     SlimEndedTrials(["test/halted_accuracy"]).on_trial_error(0, [trial], trial)
     assert trial.get_json_state()[0] is state[0]  # nothing dropped: Tune's cached form kept
+
+
+def test_an_errored_trial_keeps_its_windows_and_reports_again_when_a_resume_retries_it() -> None:
+    trial = _reported(12)
+    SlimEndedTrials(["test/halted_accuracy"]).on_trial_error(0, [trial], trial)
+    assert set(trial.run_metadata.metric_n_steps) == {"test/halted_accuracy", "training_iteration"}
+    trial.update_last_result({"test/halted_accuracy": 0.5, "training_iteration": 13})
+    analysis = trial.run_metadata.metric_analysis["test/halted_accuracy"]
+    assert analysis["last-5-avg"] == (0.9 * 4 + 0.5) / 5
