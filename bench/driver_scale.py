@@ -136,6 +136,15 @@ def run_study(
     n: int, storage: str, args: argparse.Namespace, reports: list[list[dict[str, Any]]]
 ) -> dict[str, Any]:
     """One study of ``n`` synthetic trials; the driver's time per phase, per trial."""
+    from study.storage.storage import sole_writer
+
+    with sole_writer():  # as study.run.runner._fit runs a study, under its lease
+        return _run_study(n, storage, args, reports)
+
+
+def _run_study(
+    n: int, storage: str, args: argparse.Namespace, reports: list[list[dict[str, Any]]]
+) -> dict[str, Any]:
     from ray.tune import Experiment
     from ray.tune.execution.tune_controller import TuneController
     from ray.tune.experiment import Trial

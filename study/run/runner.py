@@ -81,9 +81,11 @@ from study.search.search import (
 from study.spec.spec import StudySpec
 from study.storage.storage import (
     StudyPaths,
+    is_remote,
     is_shared,
     resolve,
     share_filesystems_when_copied,
+    sole_writer,
     write_bytes,
 )
 
@@ -187,11 +189,22 @@ def study_callbacks(spec: StudySpec, paths: StudyPaths) -> list[Callback]:
     return [ParquetCallback(paths, spec), board, NoCSV(), slim]
 
 
+def _tune_storage(uri: str) -> dict[str, Any]:
+    """Tune's ``storage_path`` (or a path to restore from) for a storage URI, with the study's own
+    filesystem on an object store (`study.storage.filesystems.resolve`: a small file is one PUT,
+    where the filesystem Tune would build makes it three requests; the trials' workers get it
+    with their storage)."""
+    if not is_remote(uri):
+        return {"storage_path": uri}
+    fs, path = resolve(uri)
+    return {"storage_path": path, "storage_filesystem": fs}
+
+
 def _run_config(spec: StudySpec, paths: StudyPaths, verbose: int) -> tune.RunConfig:
     return tune.RunConfig(
         progress_reporter=_reporter(spec),
         name=paths.name,
-        storage_path=paths.tune_root,
+        **_tune_storage(paths.tune_root),
         callbacks=study_callbacks(spec, paths),
         failure_config=tune.FailureConfig(max_failures=spec.run.max_failures),
         # every checkpoint is kept: pruning can break a restore after SIGKILL (ray#27790)
@@ -446,6 +459,19 @@ def _fit(
     records as the resume read them (`study.records.truth`); none for a new study, which has
     no records (`run_study` refuses a name that exists)."""
     truth = truth if truth is not None else StudyTruth(spec, paths)
+    with sole_writer():  # under the study's lease (held by the caller): no other writer
+        return _fit_solely(spec, paths, address, verbose, restore, warm_start, truth)
+
+
+def _fit_solely(
+    spec: StudySpec,
+    paths: StudyPaths,
+    address: str | None,
+    verbose: int,
+    restore: bool,
+    warm_start: Sequence[Mapping[str, Any]],
+    truth: StudyTruth,
+) -> StudyOutcome:
     _init_ray(address, paths, spec)
     _prepare_driver(paths)
     trainable = _trainable(spec, paths)
@@ -458,8 +484,13 @@ def _fit(
         analysis = logging.getLogger("ray.tune.analysis.experiment_analysis")
         level, analysis.level = analysis.level, logging.ERROR
         try:
+            experiment = _tune_storage(paths.experiment)
             tuner = tune.Tuner.restore(
-                paths.experiment, trainable, resume_unfinished=True, resume_errored=True
+                experiment["storage_path"],
+                trainable,
+                resume_unfinished=True,
+                resume_errored=True,
+                storage_filesystem=experiment.get("storage_filesystem"),
             )
         finally:
             analysis.setLevel(level)

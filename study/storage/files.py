@@ -12,9 +12,11 @@ Paths are those of `study.storage.filesystems` (a local path, a ``file://`` URI 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-from collections.abc import Callable
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +34,7 @@ __all__ = [
     "read_bytes",
     "read_json",
     "read_table",
+    "sole_writer",
     "write_bytes",
     "write_json",
     "write_parquet",
@@ -42,6 +45,8 @@ def read_bytes(uri: str) -> bytes | None:
     """The file's bytes, or None when there is no such file. On an object store the file is
     opened at once (one HEAD, one GET; a missing key is one HEAD), see `file_size`."""
     fs, path = resolve(uri)
+    if _sole is not None and (known := _sole.recall(fs, path)) is not None:
+        return known  # created by this process under `sole_writer`: never replaced
     if isinstance(fs, pafs.LocalFileSystem) and fs.get_file_info(path).type != pafs.FileType.File:
         return None  # a local folder opens without error: asked first
     try:
@@ -154,14 +159,74 @@ def create_bytes(uri: str, data: bytes, *, durable: bool = True) -> bool:
 
     Locally the bytes go to a temporary file hard-linked into place, which fails if the name
     exists: create-if-absent and never torn. On an object store the check and the PUT are two
-    requests; the study's lease keeps a second writer away. ``durable`` as for `write_bytes`."""
+    requests, or, under `sole_writer`, the PUT alone; the study's lease keeps a second writer
+    away. ``durable`` as for `write_bytes`."""
     fs, path = resolve(uri)
+    run = _sole
     if isinstance(fs, pafs.LocalFileSystem):
-        return _placed(path, data, _link(path), durable)
-    if file_size(fs, path) is not None:
-        return False
-    _write(fs, path, data)
-    return True
+        created = _placed(path, data, _link(path), durable)
+    elif run is not None:
+        folder, _, name = path.rpartition("/")
+        names = run.listing(fs, folder)
+        created = name not in names
+        if created:
+            _write(fs, path, data)
+            names.add(name)
+    else:
+        created = file_size(fs, path) is None
+        if created:
+            _write(fs, path, data)
+    if created and run is not None:
+        run.remember(fs, path, data)
+    return created
+
+
+class _SoleWriter:
+    """What a process that is the one writer of its folders knows of the files it creates."""
+
+    KEPT = 256
+    """The files created last whose bytes are kept: a trial's end record is read back by the
+    searcher and the Parquet within moments of its writing (on an object store a HEAD and a GET
+    each time)."""
+
+    def __init__(self) -> None:
+        self.listings: dict[str, set[str]] = {}  # object-store folder -> the names in it
+        self.created: OrderedDict[str, bytes] = OrderedDict()
+
+    def listing(self, fs: pafs.FileSystem, folder: str) -> set[str]:
+        """The names in ``folder``: listed at the first create there, then kept up to date."""
+        key = f"{fs.type_name}://{folder}"
+        names = self.listings.get(key)
+        if names is None:
+            infos = fs.get_file_info(pafs.FileSelector(folder, allow_not_found=True))
+            names = self.listings[key] = {i.base_name for i in infos if i.type == pafs.FileType.File}
+        return names
+
+    def remember(self, fs: pafs.FileSystem, path: str, data: bytes) -> None:
+        self.created[f"{fs.type_name}://{path}"] = data
+        while len(self.created) > self.KEPT:
+            self.created.popitem(last=False)
+
+    def recall(self, fs: pafs.FileSystem, path: str) -> bytes | None:
+        return self.created.get(f"{fs.type_name}://{path}")
+
+
+_sole: _SoleWriter | None = None
+
+
+@contextlib.contextmanager
+def sole_writer() -> Iterator[None]:
+    """Within, this process is the one writer of the files `create_bytes` makes (a driver under
+    its study's lease: `study.run.lease`). Such a file is never replaced, so `create_bytes`
+    answers whether a name exists from one listing of its folder on an object store (one PUT a
+    record, not a HEAD and a PUT), and `read_bytes` answers a file created here from memory.
+    Another process creating or deleting those files meanwhile is not seen."""
+    global _sole
+    previous, _sole = _sole, _SoleWriter()
+    try:
+        yield
+    finally:
+        _sole = previous
 
 
 def read_json(uri: str) -> Any:

@@ -194,9 +194,22 @@ def resolve(uri: str) -> tuple[pafs.FileSystem, str]:
     fs = _FILESYSTEMS.get(key)
     if fs is None:
         fs, path = pafs.FileSystem.from_uri(uri)
-        _FILESYSTEMS[key] = fs
+        fs = _FILESYSTEMS[key] = _one_put_a_small_write(fs)
         return fs, path
     return fs, rest.rstrip("/")
+
+
+def _one_put_a_small_write(fs: pafs.FileSystem) -> pafs.FileSystem:
+    """An S3 filesystem whose small writes are one PUT, made as the stream closes: by default
+    pyarrow opens a multipart upload for every output stream, three requests (create, one part,
+    complete) for a record of a few hundred bytes, and hands each part to a background thread.
+    With ``allow_delayed_open`` a write smaller than a part is one PutObject (a missing bucket is
+    then reported as the stream closes rather than opens); without ``background_writes`` it is
+    sent by the closing thread. On moto's server, 2 KB written: 22-26 ms by default, 9 ms so."""
+    if not isinstance(fs, pafs.S3FileSystem):
+        return fs
+    rebuild, (options,) = fs.__reduce__()  # the options it was built with (its region found)
+    return rebuild({**options, "allow_delayed_open": True, "background_writes": False})
 
 
 def _shared(fs: pafs.FileSystem, memo: dict[int, Any]) -> pafs.FileSystem:

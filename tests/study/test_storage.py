@@ -7,6 +7,7 @@ import errno
 import os
 import pickle
 import tempfile
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
@@ -34,6 +35,7 @@ from study.storage.storage import (
     replaced_folder,
     resolve,
     share_filesystems_when_copied,
+    sole_writer,
     to_uri,
     write_bytes,
     write_json,
@@ -190,6 +192,44 @@ def test_asking_for_a_missing_file_lists_nothing_on_s3(
     assert write_end_record(paths, ended, (staging / "result.json").read_bytes())
     assert read_reports(paths, "abd") == [{"iteration": 10}]
     assert listed == []
+
+
+def test_a_sole_writer_creates_in_one_put_and_reads_back_what_it_created(
+    s3: S3, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A driver under its lease (`sole_writer`) creates a record on S3 with one PUT, the names in
+    its folder listed once, and reads back the records it created without a request (the
+    searcher and the Parquet read each trial's end record as it ends); a record that was there
+    before is still never replaced, and outside the driver's run the store is asked again."""
+    from moto.moto_server.werkzeug_app import DomainDispatcherApplication
+
+    calls: Counter[str] = Counter()  # the requests moto's server answers: LIST, HEAD, GET, PUT
+    answer = DomainDispatcherApplication.__call__
+
+    def counted(self: DomainDispatcherApplication, environ: dict[str, Any], start: Any) -> Any:
+        listing = "list-type" in environ.get("QUERY_STRING", "") or "prefix=" in environ.get(
+            "QUERY_STRING", ""
+        )
+        calls["LIST" if listing else environ["REQUEST_METHOD"]] += 1
+        return answer(self, environ, start)
+
+    monkeypatch.setattr(DomainDispatcherApplication, "__call__", counted)
+    paths = StudyPaths(f"{s3.bucket()}/p", "study")
+    assert create_bytes(paths.end_record("before"), b"first")
+    calls.clear()
+    with sole_writer():
+        assert not create_bytes(paths.end_record("before"), b"replaced")
+        assert create_bytes(paths.end_record("new1"), b"one")
+        assert create_bytes(paths.end_record("new2"), b"two")
+        assert not create_bytes(paths.end_record("new1"), b"again")
+        assert read_bytes(paths.end_record("new1")) == b"one"
+        assert read_bytes(paths.end_record("new2")) == b"two"
+        assert dict(calls) == {"LIST": 1, "PUT": 2}
+        assert read_bytes(paths.end_record("before")) == b"first"  # not created here: read
+    assert read_bytes(paths.end_record("new1")) == b"one"
+    assert calls["GET"] >= 2
+    assert not create_bytes(paths.end_record("new2"), b"outside")  # asked: a HEAD
+    assert read_bytes(paths.end_record("new2")) == b"two"
 
 
 def test_a_copied_s3_filesystem_is_the_same_one(s3: S3) -> None:
