@@ -17,7 +17,8 @@ timed is the driver's time in those calls, nothing a trial's worker would do; ev
 For each N (``--sizes``, default 100 1000 10000) it prints the driver's cost per trial, split into
 start / reports / end / step (Tune's periodic save and the callbacks' step end, shared among the
 live trials), averaged over the last ``--window`` trials of the study (default: the last tenth,
-50 at least), and the study's total driver time; the syncs to the disk a trial (``os.fsync``
+50 at least; a size whose window is under `MIN_TIMED` trials runs as many studies as make that
+many, their windows pooled), and the study's total driver time; the syncs to the disk a trial (``os.fsync``
 calls: the end records, the journal, the Parquet) and the journal's appends; the study's end as
 the driver makes it (Tune's final save, the Parquet written whole, Optuna's orphans, the summary);
 and Optuna's own cost at that N, in the same run: the same sampler with the study's trials
@@ -132,18 +133,40 @@ class _Syncs:
         os.fsync = self._fsync
 
 
-def run_study(
+MIN_TIMED = 200
+"""The fewest trials a figure averages: a size whose window is smaller runs that many studies
+(N = 100, a window of 50: four studies), so that one of Tune's periodic saves or one full
+garbage collection falling in a window or not moves the figure less."""
+
+
+def measure(
     n: int, storage: str, args: argparse.Namespace, reports: list[list[dict[str, Any]]]
 ) -> dict[str, Any]:
-    """One study of ``n`` synthetic trials; the driver's time per phase, per trial."""
+    """The driver's cost a trial at ``n``: the windows of as many studies of ``n`` trials as
+    `MIN_TIMED` needs, pooled; the first study's other figures."""
+    window = args.window or max(50, n // 10)
+    runs = [run_study(n, storage, args, reports, r) for r in range(max(1, -(-MIN_TIMED // window)))]
+    row = dict(runs[0])
+    timed = sum(r["window"] for r in runs)
+    row["per_trial"] = {p: sum(r["per_trial"][p] * r["window"] for r in runs) / timed for p in PHASES}
+    row["cost"] = sum(row["per_trial"].values())
+    row["window"], row["studies"] = timed, len(runs)
+    return row
+
+
+def run_study(
+    n: int, storage: str, args: argparse.Namespace, reports: list[list[dict[str, Any]]], repeat: int = 0
+) -> dict[str, Any]:
+    """One study of ``n`` synthetic trials (the ``repeat``-th of that size, from 0); the driver's
+    time per phase, per trial."""
     from study.storage.storage import sole_writer
 
     with sole_writer():  # as study.run.runner._fit runs a study, under its lease
-        return _run_study(n, storage, args, reports)
+        return _run_study(n, storage, args, reports, repeat)
 
 
 def _run_study(
-    n: int, storage: str, args: argparse.Namespace, reports: list[list[dict[str, Any]]]
+    n: int, storage: str, args: argparse.Namespace, reports: list[list[dict[str, Any]]], repeat: int
 ) -> dict[str, Any]:
     from ray.tune import Experiment
     from ray.tune.execution.tune_controller import TuneController
@@ -164,7 +187,7 @@ def _run_study(
     share_filesystems_when_copied()  # as study.run.runner._prepare_driver does before Tune starts
     ray_private.remember_registered()
     ray_private.compact_saved_states()
-    name = f"scale-{n}"
+    name = f"scale-{n}" if repeat == 0 else f"scale-{n}-{repeat}"
     text = SPEC.format(
         iterations=250 * args.reports,
         sampler=args.sampler,
@@ -290,7 +313,7 @@ def _run_study(
         "statuses": statuses,
         "syncs": in_run / n,
         "appends": journal.appends / n,
-        "own": optuna_own(paths, spec, args) if args.own else None,
+        "own": optuna_own(paths, spec, args) if args.own and repeat == 0 else None,
         "requests": requests,
         "paths": paths,
     }
@@ -388,7 +411,7 @@ def main() -> None:
     parser.add_argument(
         "--sampler", default="random", help="the spec's sampler (TPE's own cost grows with N)"
     )
-    parser.add_argument("--own", type=int, default=20, help="trials timed for Optuna's own cost (0: none)")
+    parser.add_argument("--own", type=int, default=100, help="trials timed for Optuna's own cost (0: none)")
     parser.add_argument("--s3", action="store_true", help="store the studies on moto's S3 server")
     parser.add_argument(
         "--tensorboard", action="store_true", help="the spec's [run] tensorboard on: its cost a trial"
@@ -426,7 +449,7 @@ def main() -> None:
     rows = []
     try:
         for n in args.sizes:
-            row = run_study(n, storage, args, reports)
+            row = measure(n, storage, args, reports)
             rows.append(row)
             parts = ", ".join(f"{p} {row['per_trial'][p] * 1e3:.1f} ms" for p in PHASES)
             own = ""
@@ -438,7 +461,9 @@ def main() -> None:
             end = ", ".join(f"{k} {v:.2f} s" for k, v in row["end"].items())
             end = f"{sum(row['end'].values()):.1f} s ({end})"
             print(
-                f"N={n}: {row['cost'] * 1e3:.1f} ms per trial over the last {row['window']} ({parts}){own}; "
+                f"N={n}: {row['cost'] * 1e3:.1f} ms per trial over the last {row['window']}"
+                + (f" of {row['studies']} studies" if row["studies"] > 1 else "")
+                + f" ({parts}){own}; "
                 f"{row['syncs']:.2f} fsyncs and {row['appends']:.2f} journal appends a trial; "
                 f"total driver time {row['total']:.1f} s; study end {end}; "
                 f"bench wall {row['wall']:.0f} s; {row['statuses']}"
