@@ -159,14 +159,21 @@ def run_study(
 ) -> dict[str, Any]:
     """One study of ``n`` synthetic trials (the ``repeat``-th of that size, from 0); the driver's
     time per phase, per trial."""
+    import contextlib
+
     from study.storage.storage import sole_writer
 
-    with sole_writer():  # as study.run.runner._fit runs a study, under its lease
-        return _run_study(n, storage, args, reports, repeat)
+    with sole_writer(), contextlib.ExitStack() as stack:  # as study.run.runner._fit, under its lease
+        return _run_study(n, storage, args, reports, repeat, stack)
 
 
 def _run_study(
-    n: int, storage: str, args: argparse.Namespace, reports: list[list[dict[str, Any]]], repeat: int
+    n: int,
+    storage: str,
+    args: argparse.Namespace,
+    reports: list[list[dict[str, Any]]],
+    repeat: int,
+    stack: Any,
 ) -> dict[str, Any]:
     from ray.tune import Experiment
     from ray.tune.execution.tune_controller import TuneController
@@ -178,6 +185,7 @@ def _run_study(
     from study.reports.summary import summary
     from study.run.export import finished_parquet
     from study.run.runner import _space, fail_orphaned_optuna_trials, study_callbacks
+    from study.run.slim_trials import kept_statistics
     from study.search import ray_private
     from study.search.journal import flush_journals
     from study.search.search import make_scheduler, make_searcher
@@ -197,6 +205,8 @@ def _run_study(
         tensorboard=str(args.tensorboard).lower(),
     )
     spec = parse_spec(text, name)
+    # Tune's running statistics of the objectives only, as study.run.runner._fit has them kept
+    stack.enter_context(ray_private.running_statistics_of(kept_statistics(spec.front_objectives)))
     paths = StudyPaths(storage, name)
     write_bytes(paths.spec, text.encode())
     searcher = make_searcher(spec, paths)

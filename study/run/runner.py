@@ -46,7 +46,7 @@ from study.run.lease import hold_lease
 from study.run.processes import Reaper
 from study.run.progress import shown_in_place
 from study.run.replay import replay_asha, replaying_records
-from study.run.slim_trials import SlimEndedTrials
+from study.run.slim_trials import SlimEndedTrials, kept_statistics
 from study.run.stops import (
     crash_handler_back_for_ray_processes,
     raise_a_swallowed_stop,
@@ -515,7 +515,8 @@ def _fit_solely(
     try:
         if tuner is not None:
             raise_a_swallowed_stop()  # before Tune takes Ctrl-C over (its own handler)
-            with replaying_records(truth), one_line_logs(paths):
+            statistics = ray_private.running_statistics_of(kept_statistics(spec.front_objectives))
+            with replaying_records(truth), one_line_logs(paths), statistics:
                 tuner.fit()  # the Parquet written by the callback is the result
     except BaseException:
         failed = True

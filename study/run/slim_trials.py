@@ -17,10 +17,16 @@ from typing import Any
 from ray.tune import Callback
 from ray.tune.experiment import Trial
 
-__all__ = ["SlimEndedTrials"]
+__all__ = ["SlimEndedTrials", "kept_statistics"]
 
 KEPT = ("training_iteration",)
 """Statistics kept beside the objectives' (Tune's own time axis)."""
+
+
+def kept_statistics(objectives: Iterable[tuple[str, str]]) -> set[str]:
+    """The metrics whose running statistics Tune keeps for the study: its objectives' and `KEPT`
+    (`study.search.ray_private.running_statistics_of` keeps Tune from computing the others)."""
+    return {*(metric for metric, _ in objectives), *KEPT}
 
 
 class SlimEndedTrials(Callback):

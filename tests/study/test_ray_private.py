@@ -104,3 +104,34 @@ def test_tune_saves_a_trial_unindented_and_restores_it_as_it_was(monkeypatch: py
     assert restored.config == {"lambda_p": 0.2} and restored.trial_id == trial.trial_id
     assert restored.run_metadata.metric_analysis == trial.run_metadata.metric_analysis
     assert restored.last_result["test/halted_accuracy"] == pytest.approx(0.9)
+
+
+def test_tune_keeps_running_statistics_of_the_metrics_named_and_elsewhere_of_all() -> None:
+    """`running_statistics_of`: within, Tune's statistics of a trial's reports are kept for the
+    metrics named alone, computed as Tune computes them; outside, Tune keeps them for every number."""
+    from ray.tune.experiment import Trial
+
+    from study.search.ray_private import running_statistics_of
+
+    def reported(n: int) -> Trial:
+        trial = Trial("__fake", stub=True)
+        for step in range(1, n + 1):
+            trial.update_last_result({"acc": 0.1 * step, "loss": 1.0 / step, "training_iteration": step})
+        return trial
+
+    plain = reported(6)
+    with running_statistics_of(["acc", "training_iteration"]):
+        kept = reported(6)
+    after = reported(6)
+    assert set(kept.run_metadata.metric_analysis) == {"acc", "training_iteration"}
+    assert kept.run_metadata.metric_analysis["acc"] == plain.run_metadata.metric_analysis["acc"]
+    assert kept.last_result["loss"] == pytest.approx(1 / 6)  # the report itself is whole
+    assert (
+        set(plain.run_metadata.metric_analysis)
+        == set(after.run_metadata.metric_analysis)
+        == {
+            "acc",
+            "loss",
+            "training_iteration",
+        }
+    )
