@@ -194,7 +194,7 @@ def _run_study(
 
     share_filesystems_when_copied()  # as study.run.runner._prepare_driver does before Tune starts
     ray_private.remember_registered()
-    ray_private.compact_saved_states()
+    ray_private.tune_json_in_c()
     name = f"scale-{n}" if repeat == 0 else f"scale-{n}-{repeat}"
     text = SPEC.format(
         iterations=250 * args.reports,

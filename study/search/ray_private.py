@@ -20,6 +20,7 @@ from typing import Any
 import ray._private.ray_constants as ray_constants
 import ray._private.worker as ray_worker
 import ray.tune.experiment.trial as ray_trial
+import ray.tune.logger.json as ray_json_logger
 import ray.tune.registry as ray_registry
 import ray.tune.trainable.metadata as ray_trial_metadata
 from ray._private.node import Node
@@ -37,7 +38,6 @@ __all__ = [
     "RAY_CHECKED",
     "before_restored_trials_queue",
     "callbacks",
-    "compact_saved_states",
     "controller_of",
     "remember_registered",
     "running_statistics_of",
@@ -48,6 +48,7 @@ __all__ = [
     "stop_local_monitor",
     "storage",
     "training_result",
+    "tune_json_in_c",
 ]
 
 RAY_CHECKED = "2.60.0"
@@ -82,10 +83,11 @@ PRIVATE: dict[type | ModuleType, tuple[str, ...]] = {
     Node: ("all_processes",),
     ray_constants: ("PROCESS_TYPE_MONITOR",),
     # Tune's registry of trainables, answered from memory (`remember_registered`)
-    ray_registry: ("_global_registry",),
-    # the json module with which Tune encodes a trial's saved state (`compact_saved_states`)
+    ray_registry: ("_global_registry", "TRAINABLE_CLASS"),
+    # the json module with which Tune encodes a trial's saved state and reports (`tune_json_in_c`)
     ray_trial: ("json",),
     ray_trial_metadata: ("json",),
+    ray_json_logger: ("json",),
     # Tune's running statistics of a trial's metrics, kept for some only (`running_statistics_of`)
     _TrainingRunMetadata: ("update_metric", "metric_analysis", "metric_n_steps"),
 }
@@ -168,15 +170,18 @@ def before_restored_trials_queue(hook: Callable[[Any, list[Any]], None]) -> Iter
 
 
 def remember_registered() -> None:
-    """Answer Tune's "is this trainable registered?" from memory once Ray's GCS said yes. Tune
-    asks the GCS twice for every trial it creates: 1 to 4 ms each on 2 cores, slower as a long
-    study runs (bench/driver_scale.py). A registration or removal in this process forgets the
-    answer; the trainable itself is still read from the GCS, once a trial, as Tune does."""
+    """Answer Tune's "is this trainable registered?" from memory once Ray's GCS said yes, and
+    its trainable class once read. Tune asks the GCS twice for every trial it creates whether
+    the trainable is registered, and reads and unpickles it once: 1 to 4 ms each on 2 cores,
+    slower as a long study runs (bench/driver_scale.py). A registration or removal in this
+    process forgets both answers."""
     registry = ray_registry._global_registry
     if getattr(registry, "_remembered", None) is not None:
         return
     known: set[tuple[str, str]] = set()
-    contains, register, unregister = registry.contains, registry.register, registry.unregister
+    classes: dict[tuple[str, str], Any] = {}
+    contains, get = registry.contains, registry.get
+    register, unregister = registry.register, registry.unregister
 
     def remembered(category: str, key: str) -> bool:
         if (category, key) in known:
@@ -186,39 +191,56 @@ def remember_registered() -> None:
             known.add((category, key))
         return found
 
+    def remembered_class(category: str, key: str) -> Any:
+        if category != ray_registry.TRAINABLE_CLASS:
+            return get(category, key)  # type: ignore[no-untyped-call]  # Ray: untyped
+        if (category, key) not in classes:
+            classes[(category, key)] = get(category, key)  # type: ignore[no-untyped-call]
+        return classes[(category, key)]
+
     def forgetting(change: Callable[..., Any]) -> Callable[..., Any]:
         def changed(category: str, key: str, *args: Any, **kwargs: Any) -> Any:
             known.discard((category, key))
+            classes.pop((category, key), None)
             return change(category, key, *args, **kwargs)
 
         return changed
 
     registry.contains = remembered  # type: ignore[method-assign]
+    registry.get = remembered_class  # type: ignore[method-assign]
     registry.register = forgetting(register)  # type: ignore[method-assign]
     registry.unregister = forgetting(unregister)  # type: ignore[method-assign]
     registry._remembered = known  # type: ignore[attr-defined]
 
 
-class _Unindented:
-    """The json module, but for ``dumps``, which ignores ``indent``."""
+class _JsonInC:
+    """The json module as Tune's modules use it, written by Python's C encoder: ``dumps`` drops
+    ``indent`` (the C encoder takes none), ``dump`` encodes in one go and writes the text (a
+    streamed ``dump`` is always encoded in Python)."""
+
+    def __init__(self, unindented: bool) -> None:
+        self.unindented = unindented
 
     def __getattr__(self, name: str) -> Any:
         return getattr(json, name)
 
-    @staticmethod
-    def dumps(obj: Any, *, indent: Any = None, **kwargs: Any) -> str:
-        return json.dumps(obj, **kwargs)
+    def dumps(self, obj: Any, *, indent: Any = None, **kwargs: Any) -> str:
+        return json.dumps(obj, **kwargs) if self.unindented else json.dumps(obj, indent=indent, **kwargs)
+
+    def dump(self, obj: Any, fp: Any, **kwargs: Any) -> None:
+        fp.write(self.dumps(obj, **kwargs))
 
 
-def compact_saved_states() -> None:
-    """Have Tune encode each trial's saved state (its part of every save of the experiment)
-    without indentation: Python's json encodes indented output in Python, unindented with its
-    C encoder, and Tune reads either. A trial's state of 12 reports took 1.7 ms to encode
-    indented and 1.3 ms unindented (bench: 200 trials of bench/driver_scale.py); every trial
-    that ended since Tune's last save is encoded again at the next, the study's end included."""
-    for module in (ray_trial, ray_trial_metadata):
-        if not isinstance(getattr(module, "json", None), _Unindented):
-            setattr(module, "json", _Unindented())  # noqa: B010  # mypy: the module's own import
+def tune_json_in_c() -> None:
+    """Have Tune's JSON written by Python's C encoder, the same values: each trial's saved state
+    (its part of every save of the experiment) without indentation, and each report's line of a
+    trial's ``result.json`` encoded in one go. Indented or streamed, Python's json encodes in
+    Python: about a third of the driver's time a trial went to the report lines, and a trial's
+    saved state took 1.7 ms, 1.3 ms unindented (bench/driver_scale.py, 12 reports a trial). Tune
+    reads either form."""
+    for module, unindented in ((ray_trial, True), (ray_trial_metadata, True), (ray_json_logger, False)):
+        if not isinstance(getattr(module, "json", None), _JsonInC):
+            setattr(module, "json", _JsonInC(unindented))  # noqa: B010  # mypy: the module's own import
 
 
 _STATISTICS: frozenset[str] | None = None

@@ -1066,8 +1066,8 @@ def test_tune_s_registry_answers_a_registered_trainable_from_memory(
     ray_started: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Not Ray's test: the driver's `remember_registered` asks Ray's GCS once whether a
-    trainable is registered, where Tune asks twice a trial; a registration or removal in this
-    process asks again."""
+    trainable is registered, where Tune asks twice a trial, and reads the trainable once, where
+    Tune reads it for each trial; a registration or removal in this process asks again."""
     import ray.tune.registry as registry_module
 
     from study.search.ray_private import remember_registered
@@ -1092,6 +1092,12 @@ def test_tune_s_registry_answers_a_registered_trainable_from_memory(
         registry_module.register_trainable("remembered", lambda config: None)
         assert registry.contains("trainable_class", "remembered") is True
         assert len(asked) == 5
+        first = registry.get("trainable_class", "remembered")
+        assert registry.get("trainable_class", "remembered") is first  # read once
+        assert len(asked) == 6
+        registry_module.register_trainable("remembered", lambda config: config)
+        assert registry.get("trainable_class", "remembered") is not first  # registered again: read
+        assert len(asked) == 7
     finally:  # the other tests of this process see Tune's own registry
-        for name in ("contains", "register", "unregister", "_remembered"):
+        for name in ("contains", "get", "register", "unregister", "_remembered"):
             registry.__dict__.pop(name, None)

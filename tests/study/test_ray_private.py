@@ -6,6 +6,7 @@ import inspect
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import ray
@@ -71,28 +72,37 @@ def test_only_the_monitor_of_an_instance_the_process_started_is_killed() -> None
     assert running == 1 and own == 1 and left == 0 and again == 0
 
 
-def test_tune_saves_a_trial_unindented_and_restores_it_as_it_was(monkeypatch: pytest.MonkeyPatch) -> None:
-    """`compact_saved_states`: Tune's saved form of a trial is the same JSON without its
-    indentation, and Tune restores a trial from it with its state and statistics."""
+def test_tune_s_json_is_the_same_values_written_by_the_c_encoder(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """`tune_json_in_c`: Tune's saved form of a trial is the same JSON without its indentation,
+    from which Tune restores the trial with its state and statistics; a report's line of
+    ``result.json`` is the line Tune wrote, NaN and numpy values included."""
     import json
 
+    import numpy as np
     import ray.tune.experiment.trial as ray_trial
+    import ray.tune.logger.json as ray_json_logger
     import ray.tune.trainable.metadata as ray_trial_metadata
+    from ray.air._internal.json import SafeFallbackEncoder
+    from ray.tune import PlacementGroupFactory
     from ray.tune.experiment import Trial
 
-    from study.search.ray_private import compact_saved_states
+    from study.search.ray_private import tune_json_in_c
 
-    for module in (ray_trial, ray_trial_metadata):  # the other tests of this process see Tune's own
+    for module in (ray_trial, ray_trial_metadata, ray_json_logger):  # other tests see Tune's own
         monkeypatch.setattr(module, "json", module.json)
-    from ray.tune import PlacementGroupFactory
-
     trial = Trial("__fake", stub=True, config={"lambda_p": 0.2})
     trial.placement_group_factory = PlacementGroupFactory([{"CPU": 1}])  # a stub sets none
     for step in (1, 2, 3):
         trial.update_last_result({"test/halted_accuracy": 0.3 * step, "training_iteration": step})
     indented = trial.get_json_state()
-    compact_saved_states()
-    compact_saved_states()  # once: not wrapped twice
+    report = {"a": float("nan"), "b": np.float32(0.5), "c": np.int64(3), "d": [np.bool_(True)], "e": "x"}
+    streamed = tmp_path / "streamed.json"
+    with streamed.open("w") as f:
+        ray_json_logger.json.dump(report, f, cls=SafeFallbackEncoder)
+    tune_json_in_c()
+    tune_json_in_c()  # once: not wrapped twice
     trial.invalidate_json_state()
     trial.run_metadata.invalidate_cache()
     compact = trial.get_json_state()
@@ -104,6 +114,10 @@ def test_tune_saves_a_trial_unindented_and_restores_it_as_it_was(monkeypatch: py
     assert restored.config == {"lambda_p": 0.2} and restored.trial_id == trial.trial_id
     assert restored.run_metadata.metric_analysis == trial.run_metadata.metric_analysis
     assert restored.last_result["test/halted_accuracy"] == pytest.approx(0.9)
+    at_once = tmp_path / "at_once.json"
+    with at_once.open("w") as f:
+        ray_json_logger.json.dump(report, f, cls=SafeFallbackEncoder)
+    assert at_once.read_text() == streamed.read_text()
 
 
 def test_tune_keeps_running_statistics_of_the_metrics_named_and_elsewhere_of_all() -> None:
