@@ -23,7 +23,8 @@ import functools
 import json
 import tomllib
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
+from dataclasses import fields as dataclass_fields
 from pathlib import Path
 from typing import Any
 
@@ -113,8 +114,11 @@ class EndRecord:
     asha: Sequence[Change] = field(default_factory=list)
 
     def to_json(self) -> bytes:
-        """The record as one line of JSON (compact: the C encoder; no newline inside)."""
-        return json.dumps(asdict(self), sort_keys=True, separators=(",", ":"), default=str).encode()
+        """The record as one line of JSON (compact: the C encoder; no newline inside). Its fields
+        as they are: `dataclasses.asdict` copies every nested value first (1 ms a record of a
+        parity report)."""
+        fields = {f.name: getattr(self, f.name) for f in dataclass_fields(self)}
+        return json.dumps(fields, sort_keys=True, separators=(",", ":"), default=str).encode()
 
     @classmethod
     def from_json(cls, data: bytes) -> EndRecord:

@@ -163,6 +163,21 @@ def test_a_trial_s_reports_are_never_replaced_by_fewer(
     assert read_end_records(paths)["abc"] == first
 
 
+def test_an_end_record_is_one_line_that_reads_back_as_it_was() -> None:
+    record = EndRecord(
+        "abc",
+        "early_stopped",
+        750,
+        config={"lambda_p": 0.2, "max_steps": 12},
+        last_result={"test/per_step_accuracy": [0.5, 0.75], "nested": {"k": 1}, "stamp": "x"},
+        checkpoint="tune/s/abc/checkpoint_000002",
+        asha=[["rung", 0, 750, "abc", 0.5], ["stop", "abc"]],
+    )
+    line = record.to_json()
+    assert b"\n" not in line and line.startswith(b'{"asha":')  # keys sorted, compact
+    assert EndRecord.from_json(line + b"\n{}") == record
+
+
 def test_asking_for_a_missing_file_lists_nothing_on_s3(
     s3: S3, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
