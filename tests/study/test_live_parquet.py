@@ -58,7 +58,11 @@ def _files(root: Path, kind: str) -> dict[str, int]:
     return {f.name: f.stat().st_mtime_ns for f in (root / kind / "study=live").glob("*.parquet")}
 
 
-def test_trials_that_end_are_written_together_at_a_refresh_with_current_pareto_marks(tmp_path: Path) -> None:
+@pytest.mark.parametrize("compact_at", [1, live_parquet.COMPACT_AT], ids=["compacted", "left-as-batches"])
+def test_trials_that_end_are_written_together_at_a_refresh_with_current_pareto_marks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, compact_at: int
+) -> None:
+    monkeypatch.setattr(live_parquet, "COMPACT_AT", compact_at)
     spec = SPEC.with_overrides(name="live", storage=str(tmp_path))
     paths = StudyPaths(str(tmp_path), "live")
     live = LiveParquet(paths, spec, refresh_s=0)
@@ -89,9 +93,13 @@ def test_trials_that_end_are_written_together_at_a_refresh_with_current_pareto_m
     state = parquet_state(paths)
     assert state is not None and (state["trials"], state["final"]) == (3, False)
 
-    assert live.finish([a, b, c])["completed"] == 3  # the end of the run: history compacted
+    assert live.finish([a, b, c])["completed"] == 3  # the end of the run
     assert parquet_state(paths)["final"] is True  # type: ignore[index]
-    assert sorted(_files(tmp_path, "history")) == ["history.parquet"]
+    if compact_at == 1:  # more files than that: compacted into one
+        assert sorted(_files(tmp_path, "history")) == ["history.parquet"]
+    else:  # few: the batches as they were, never rewritten
+        assert _files(tmp_path, "history") == after
+    assert sorted(_files(tmp_path, "trials")) == ["trials.parquet"]
     pd.testing.assert_frame_equal(_read(tmp_path, "trials"), running)
     pd.testing.assert_frame_equal(_read(tmp_path, "history"), history)
     write_tables(paths, spec, [a, b, c])  # `ponder-study export`: the same rows from every record
