@@ -22,7 +22,7 @@ per-trial budget B (``--iterations``):
 Every sampler is seeded with ``--seed`` (``[search] seed``). The studies go to one storage root,
 ``--storage`` (default: a temporary directory, removed at the end).
 
-Definitions, from each study's history Parquet (``<storage>/history/study=<name>/history.parquet``,
+Definitions, from each study's history Parquet (the folder ``<storage>/history/study=<name>/``,
 one row per trial per report):
 
 - **target**: the grid's best halted accuracy, the largest ``test/halted_accuracy`` over all the

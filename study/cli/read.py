@@ -135,7 +135,7 @@ class Export(StudyReader):
             from study.run import runner  # imports Ray (without starting it): Tune reads its experiment
 
             paths = runner.export(args.name, storage)
-            print(f"wrote {paths.trials_parquet} and {paths.history_parquet}")
+            print(f"wrote {paths.trials_parquet} and {paths.table_dir('history')}/")
             return 0
 
 

@@ -20,14 +20,14 @@
   metrics are null (the model that diverged gives no result); ``before_divergence/<metric>`` and
   ``before_divergence_iteration`` keep the last report before it with a finite objective.
 
-``history/study=<name>/history.parquet`` has one row per trial per report: ``trial_id``,
+``history/study=<name>/`` has one row per trial per report: ``trial_id``,
 ``report`` (1, 2, ...), ``iteration``, ``outcome``, ``nan_events``, the timings, ``timestamp``
 (UTC), where it ran (``fuse_group`` and ``fuse_members`` as above), every metric.
 
-Each study's folder (``trials/study=<name>/``, ``history/study=<name>/``) holds one compacted
-file (``trials.parquet``, ``history.parquet``: the trials final when the study last stopped or
-was exported) and one fragment per other trial (``trial-<id>.parquet``: each trial that ended
-since, written once when it ended, or one still running, pending or errored at the last export).
+Each study's folder (``trials/study=<name>/``, ``history/study=<name>/``) holds the final
+trials (``trials.parquet``; in history a compacted ``history.parquet`` and the files of the
+refreshes since, ``trial-batch-*.parquet``, `study.run.live_parquet`) and one fragment per other
+trial (``trial-<id>.parquet``: one still running, pending or errored at the last refresh).
 Reading the folder (``pd.read_parquet("results/trials")``) gives every trial once. Version 7
 added ``data_stream`` (null in older rows: generator, as `fill_config_defaults` reads them); 6
 ``fuse_group`` and ``fuse_members``; 5 the fragments (4 had one file per study, rewritten whole).

@@ -117,7 +117,8 @@ def index_html(study: StudyData, missing: dict[str, str], importance: Importance
         _top_table(study, ranked),
         "</section>",
         f"<footer>Written {datetime.datetime.now().astimezone():%Y-%m-%d %H:%M %Z} from "
-        f"<code>{e(study.paths.trials_parquet)}</code> and <code>{e(study.paths.history_parquet)}</code>."
+        f"<code>{e(study.paths.trials_parquet)}</code> and "
+        f"<code>{e(study.paths.table_dir('history'))}/</code>."
         "</footer>",
         "</body>",
         "</html>",

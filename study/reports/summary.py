@@ -71,7 +71,7 @@ def summary(paths: StudyPaths, metric: str = "test/halted_accuracy", mode: str =
         if not rest.empty:
             lines.append(f"{len(df) - len(ranked)} not ranked (no final result):")
             lines.append(rest.to_string(index=False))
-    lines.append(f"Parquet: {paths.trials_parquet}  (history: {paths.history_parquet})")
+    lines.append(f"Parquet: {paths.trials_parquet}  (history: {paths.table_dir('history')}/)")
     lines += _currency(paths, stale)
     return "\n".join(lines)
 

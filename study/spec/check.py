@@ -241,7 +241,7 @@ def _results(spec: StudySpec, exists: bool) -> list[str]:
         f"  study records  {paths.study_dir}",
         f"  Tune           {paths.experiment}",
         f"  trials table   {paths.trials_parquet}",
-        f"  history table  {paths.history_parquet}",
+        f"  history table  {paths.table_dir('history')}/",
     ]
     if exists:
         lines.append(

@@ -39,7 +39,7 @@ def _campaign(tmp_path: Path, **settings: object) -> tuple[int, list[object], st
     [
         ("ponder-study: interrupted; resume it with: ponder-study resume k-0 --storage '/a b'",
          ["ponder-study", "resume", "k-0", "--storage", "/a b"]),
-        ("Parquet: /s/trials/study=k-0/trials.parquet  (history: /s/history/study=k-0/history.parquet)",
+        ("Parquet: /s/trials/study=k-0/trials.parquet  (history: /s/history/study=k-0/)",
          ["ponder-study", "resume", "k-0"]),
         ("ponder-study: study 'k-0' is finished (4 trials): nothing to resume; to add trials: "
          "ponder-study resume k-0 --storage /s --more N", ["ponder-study", "resume", "k-0"]),
