@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +28,8 @@ import pyarrow.parquet as pq
 
 from ponder.files import temporary_beside
 from study.storage.filesystems import resolve
+
+log = logging.getLogger("ponder-study")
 
 __all__ = [
     "create_bytes",
@@ -160,7 +164,9 @@ def create_bytes(uri: str, data: bytes, *, durable: bool = True) -> bool:
     Locally the bytes go to a temporary file hard-linked into place, which fails if the name
     exists: create-if-absent and never torn. On an object store the check and the PUT are two
     requests, or, under `sole_writer`, the PUT alone; the study's lease keeps a second writer
-    away. ``durable`` as for `write_bytes`."""
+    away. ``durable`` as for `write_bytes`; on an object store under `sole_writer`, a file that
+    need not be durable is put by a thread of its own, not waited for (what a crash may lose
+    locally, a kill may lose there: on an object store the two are one)."""
     fs, path = resolve(uri)
     run = _sole
     if isinstance(fs, pafs.LocalFileSystem):
@@ -170,8 +176,11 @@ def create_bytes(uri: str, data: bytes, *, durable: bool = True) -> bool:
         names = run.listing(fs, folder)
         created = name not in names
         if created:
-            _write(fs, path, data)
             names.add(name)
+            if durable:
+                _write(fs, path, data)
+            else:  # as a local write left unsynced: in flight, not waited for
+                run.put_behind(fs, path, data)
     else:
         created = file_size(fs, path) is None
         if created:
@@ -192,6 +201,24 @@ class _SoleWriter:
     def __init__(self) -> None:
         self.listings: dict[str, set[str]] = {}  # object-store folder -> the names in it
         self.created: OrderedDict[str, bytes] = OrderedDict()
+        self._putter: ThreadPoolExecutor | None = None
+        self._puts: list[Future[None]] = []
+
+    def put_behind(self, fs: pafs.FileSystem, path: str, data: bytes) -> None:
+        """PUT ``data`` in the writer's thread (pyarrow's requests let the driver's thread run)."""
+        if self._putter is None:
+            self._putter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ponder-study-put")
+        self._puts = [f for f in self._puts if not f.done() or f.exception() is not None]
+        self._puts.append(self._putter.submit(_write, fs, path, data))
+
+    def close(self) -> None:
+        """Wait for the PUTs in flight; one that failed is logged (it was not to be waited for)."""
+        if self._putter is None:
+            return
+        self._putter.shutdown(wait=True)
+        for put in self._puts:
+            if put.exception() is not None:
+                log.warning("a record was not written to the object store: %s", put.exception())
 
     def listing(self, fs: pafs.FileSystem, folder: str) -> set[str]:
         """The names in ``folder``: listed at the first create there, then kept up to date."""
@@ -226,7 +253,8 @@ def sole_writer() -> Iterator[None]:
     try:
         yield
     finally:
-        _sole = previous
+        writer, _sole = _sole, previous
+        writer.close()
 
 
 def read_json(uri: str) -> Any:

@@ -241,6 +241,10 @@ def test_a_sole_writer_creates_in_one_put_and_reads_back_what_it_created(
         assert read_bytes(paths.end_record("new2")) == b"two"
         assert dict(calls) == {"LIST": 1, "PUT": 2}
         assert read_bytes(paths.end_record("before")) == b"first"  # not created here: read
+        assert create_bytes(paths.started_record("s"), b"started", durable=False)  # not waited for
+        assert read_bytes(paths.started_record("s")) == b"started"
+    assert calls["PUT"] == 3  # put by the time the run ends
+    assert read_bytes(paths.started_record("s")) == b"started"
     assert read_bytes(paths.end_record("new1")) == b"one"
     assert calls["GET"] >= 2
     assert not create_bytes(paths.end_record("new2"), b"outside")  # asked: a HEAD
