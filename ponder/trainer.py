@@ -16,6 +16,7 @@ from typing import IO, Any
 
 import torch
 from torch.nn.utils import clip_grad_norm_
+from torch.optim.adam import adam as adam_function
 
 from ponder.compiled import compile_mode, share_compile_cache, should_compile, uses_cuda_graphs
 from ponder.config import CompileMode, KLDirection, TaskConfig, config_from_dict, stored_config
@@ -34,6 +35,7 @@ __all__ = [
     "SET_METRICS",
     "TIMING_KEYS",
     "TRAIN_METRICS",
+    "EagerAdam",
     "LossFn",
     "Metrics",
     "StepResult",
@@ -98,6 +100,60 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+def _unwrapped(method: Callable[..., Any]) -> Callable[..., Any]:
+    """torch's own function under its ``torch._disable_dynamo`` wrapper (itself where it has none)."""
+    return getattr(method, "__wrapped__", method)
+
+
+class EagerAdam(torch.optim.Adam):
+    """``torch.optim.Adam`` that never imports ``torch._dynamo``: the same updates, bit for bit, and
+    the same ``state_dict``.
+
+    torch wraps an optimizer's methods (``add_param_group``, ``zero_grad``, ``state_dict``,
+    ``load_state_dict``, ``step`` and Adam's functional ``adam``) so that ``torch.compile`` does not
+    trace into them, and the wrapper imports ``torch._dynamo`` at its first call: 2.2-2.5 s of CPU
+    here in every process that trains (each trial's Ray worker, each ``python -m ponder.train``),
+    two fifths of a trial worker's start-up, for a module eager training never uses. A run's
+    optimizer runs eagerly whether its step is compiled or not (`ponder.compiled`), so these are
+    torch's functions without the wrapper (tests/ponder/test_checkpoint.py compares the two)."""
+
+    add_param_group = _unwrapped(torch.optim.Optimizer.add_param_group)
+    zero_grad = _unwrapped(torch.optim.Optimizer.zero_grad)
+    state_dict = _unwrapped(torch.optim.Optimizer.state_dict)
+    load_state_dict = _unwrapped(torch.optim.Optimizer.load_state_dict)
+
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
+        """torch's ``Adam.step``, without its wrapper's graph breaks (no grad, as it sets)."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        adam = _unwrapped(adam_function)
+        with torch.no_grad():
+            self._accelerator_graph_capture_health_check()
+            for group in self.param_groups:
+                params: list[torch.Tensor] = []
+                grads: list[torch.Tensor] = []
+                exp_avgs: list[torch.Tensor] = []
+                exp_avg_sqs: list[torch.Tensor] = []
+                max_exp_avg_sqs: list[torch.Tensor] = []
+                steps: list[torch.Tensor] = []
+                has_complex = self._init_group(  # type: ignore[no-untyped-call]
+                    group, params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps
+                )
+                beta1, beta2 = group["betas"]
+                adam(
+                    params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps,
+                    amsgrad=group["amsgrad"], has_complex=has_complex, beta1=beta1, beta2=beta2,
+                    lr=group["lr"], weight_decay=group["weight_decay"], eps=group["eps"],
+                    maximize=group["maximize"], foreach=group["foreach"], capturable=group["capturable"],
+                    differentiable=group["differentiable"], fused=group["fused"],
+                    grad_scale=getattr(self, "grad_scale", None), found_inf=getattr(self, "found_inf", None),
+                    decoupled_weight_decay=group["decoupled_weight_decay"],
+                )  # fmt: skip
+        return loss
+
+
 @dataclass
 class StepResult:
     """What one training iteration did."""
@@ -157,11 +213,10 @@ class Trainer:
 
     @property
     def optimizer(self) -> torch.optim.Adam:
-        """Adam over the model's weights, made at first use with the checkpoint's state if one was
-        loaded: a torch optimizer imports ``torch._dynamo`` at its first call (about 1.5 s of CPU
-        here, measured), which evaluating a checkpoint never needs."""
+        """Adam over the model's weights (`EagerAdam`), made at first use with the checkpoint's
+        state if one was loaded: evaluating a checkpoint never needs it."""
         if self._optimizer is None:
-            self._optimizer = torch.optim.Adam(self.model.parameters(), lr=self.config.lr, fused=True)
+            self._optimizer = EagerAdam(self.model.parameters(), lr=self.config.lr, fused=True)
             if self._optimizer_state is not None:
                 self._optimizer.load_state_dict(self._optimizer_state)
                 self._optimizer_state = None

@@ -72,8 +72,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.get_closest_marker("slow") or RAY_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.ray)
-    # The longest modules first, each kept whole (its module fixtures start once): a test process
-    # that draws a minute-long test near the end leaves the other core idle while it finishes.
+    # The longest modules first: a test process that draws a minute-long test near the end leaves
+    # the other core idle while it finishes. (This keeps a module's tests together in the queue,
+    # not in one process: --dist loadgroup hands ungrouped tests out one by one, so a module whose
+    # tests share an expensive module fixture is an xdist_group, its fixture made once.)
     first = {name: rank for rank, name in enumerate(LONGEST_MODULES)}
     items.sort(key=lambda item: first.get(item.path.name, len(first)))
     if getattr(config.option, "loadgroup", False):  # a pytest-xdist worker of `--dist loadgroup`
@@ -96,15 +98,20 @@ def _group_suffixes(items: list[pytest.Item]) -> None:
 
 
 LONGEST_MODULES = (
+    "test_fused_mnist.py",
     "test_kill_campaign.py",
     "test_resume.py",
-    "test_api.py",
-    "test_cluster.py",
     "test_stops.py",
+    "test_fused.py",
     "test_location.py",
+    "test_cli.py",
     "test_readme.py",
     "test_notebook.py",
+    "test_faults.py",
+    "test_submit.py",
+    "test_runner.py",
     "test_slurm.py",
-    "test_torn_state.py",
 )
-"""Test modules by their wall time in the suite (`--durations`), longest first."""
+"""Test modules by their wall time in the suite (`--durations`), longest first (by file name: both
+``test_fused.py``, say). pytest-xdist sends the ``xdist_group`` modules (cluster, api, torn_state,
+ray_contract, the compiling tests) before any of these, the groups with the most tests first."""

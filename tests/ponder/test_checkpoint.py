@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from ponder.config import ParityConfig
-from ponder.trainer import Trainer
+from ponder.trainer import EagerAdam, Trainer
 
 
 def _trained(steps: int = 3) -> Trainer:
@@ -56,21 +56,63 @@ def test_a_loaded_checkpoint_keeps_adams_state_until_it_trains_on(tmp_path: Path
     assert _same_weights(trainer, resumed)
 
 
-def test_evaluating_a_checkpoint_never_imports_dynamo(tmp_path: Path) -> None:
-    """``ponder-study evaluate`` loads and evaluates checkpoints: a torch optimizer's first call
-    imports ``torch._dynamo`` (about 1.5 s of CPU), so the optimizer is not made for that."""
+def test_evaluating_or_training_a_checkpoint_never_imports_dynamo(tmp_path: Path) -> None:
+    """torch's own optimizers import ``torch._dynamo`` at their first call (2.2-2.5 s of CPU, in
+    every trial's worker): evaluating a checkpoint never makes the optimizer, and training makes
+    `EagerAdam`, which does not import it."""
     path = str(tmp_path / "t.pt")
     _trained().save(path)
     code = (
-        "import sys\nfrom ponder.trainer import Trainer\n"
+        "import sys, torch\nfrom ponder.trainer import Trainer\n"
         f"Trainer.from_checkpoint({path!r}).evaluate()\n"
         "assert 'torch._dynamo' not in sys.modules\n"
-        f"Trainer.from_checkpoint({path!r}).train_step()\n"
+        f"trainer = Trainer.from_checkpoint({path!r})\n"
+        "trainer.train_step()\ntrainer.state_dict()\n"  # Adam made, its state loaded, stepped, saved
+        "assert 'torch._dynamo' not in sys.modules\n"
+        "torch.optim.Adam(trainer.model.parameters()).zero_grad()\n"
         "print('torch._dynamo' in sys.modules)\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.strip() == "True"  # training makes it: the check above could fail
+    assert done.stdout.strip() == "True"  # torch's own Adam imports it: the checks above could fail
+
+
+def test_the_trainers_adam_updates_and_saves_as_torchs_own_bit_for_bit() -> None:
+    """`EagerAdam` is ``torch.optim.Adam(fused=True)`` without its methods' dynamo wrappers: the
+    same weights and moments after every step, the same ``state_dict``, each loading the other's."""
+    assert isinstance(_trained().optimizer, EagerAdam)
+    torch.manual_seed(0)
+    shapes = [(4, 3), (3,), (2, 2, 2)]
+    ours_params = [torch.randn(shape, requires_grad=True) for shape in shapes]
+    torch_params = [p.detach().clone().requires_grad_() for p in ours_params]
+    ours = EagerAdam(ours_params, lr=3e-3, fused=True)
+    theirs = torch.optim.Adam(torch_params, lr=3e-3, fused=True)
+
+    def step_both(ours: torch.optim.Adam, theirs: torch.optim.Adam) -> None:
+        grads = [torch.randn(shape) for shape in shapes]
+        for optimizer in (ours, theirs):
+            optimizer.zero_grad(set_to_none=True)
+            for p, g in zip(optimizer.param_groups[0]["params"], grads, strict=True):
+                p.grad = g.clone()
+            optimizer.step()
+        pairs = zip(ours.param_groups[0]["params"], theirs.param_groups[0]["params"], strict=True)
+        assert all(torch.equal(p, q) for p, q in pairs)
+
+    for _ in range(4):
+        step_both(ours, theirs)
+    saved, torch_saved = ours.state_dict(), theirs.state_dict()
+    assert saved["param_groups"] == torch_saved["param_groups"]
+    assert saved["state"].keys() == torch_saved["state"].keys()
+    for key, moments in torch_saved["state"].items():
+        assert moments.keys() == saved["state"][key].keys()
+        assert all(torch.equal(v, saved["state"][key][name]) for name, v in moments.items())
+    # each continues from the other's state as from its own
+    ours_again = EagerAdam([p.detach().clone().requires_grad_() for p in torch_params], lr=1.0, fused=True)
+    theirs_again = torch.optim.Adam([p.detach().clone().requires_grad_() for p in ours_params], fused=True)
+    ours_again.load_state_dict(torch_saved)
+    theirs_again.load_state_dict(saved)
+    for _ in range(2):
+        step_both(ours_again, theirs_again)
 
 
 @pytest.mark.parametrize("written", ["now", "before-generator_device"])

