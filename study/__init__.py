@@ -122,6 +122,22 @@ class _Callable(ModuleType):
 
 importlib.import_module("study.run").__class__ = _Callable  # the folder imports nothing: cheap
 
+
+class _Package(ModuleType):
+    """The class of the module ``study``: a module imported under its old name (`MOVED`) is not
+    set over the public name it shares (``study.check``, once the module `study.spec.check`, is
+    the API's function `check`); ``sys.modules`` holds it under the old name, which is what a
+    pickle naming it needs."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        moved = isinstance(value, ModuleType) and value.__name__ != f"{__name__}.{name}"
+        if moved and name in _HOMES:
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
+
 MOVED: dict[str, str] = {
     f"study.{old}": f"study.{new}"
     for old, new in {
