@@ -65,6 +65,7 @@ from study.run.trainable import fault_iteration, train_trial
 from study.run.tune_logs import one_line_logs
 from study.run.tune_state import merge_started_trials, prune_old_states, restorable
 from study.search import ray_private
+from study.search.asker import close_askers
 from study.search.journal import (
     clear_stale_journal_lock,
     flush_journals,
@@ -463,6 +464,13 @@ def _fit(
         return _fit_solely(spec, paths, address, verbose, restore, warm_start, truth)
 
 
+def _stop_helpers() -> None:
+    """What works beside Tune ends with its run: a stopped study's fusers would train on to their
+    members' next reports; TPE's asking process (`study.search.asker`) has no trial to ask for."""
+    stop_fusions()
+    close_askers()
+
+
 def _fit_solely(
     spec: StudySpec,
     paths: StudyPaths,
@@ -522,7 +530,7 @@ def _fit_solely(
         failed = True
         raise
     finally:  # and once more from the records and Tune's saved state, however fit ended
-        stop_fusions()  # a stopped study's fusers would train on to their members' next reports
+        _stop_helpers()
         flush_journals(commit=True)  # what Optuna was told, on the disk before it is read again
         asha_state.flush()
         statuses: dict[str, int] = {}

@@ -7,7 +7,7 @@ import logging
 import pickle
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from concurrent.futures import Future, wait
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,7 +18,8 @@ from ray.tune.search import ConcurrencyLimiter
 from ray.tune.search.optuna import OptunaSearch
 
 from study.records.records import EndRecord, StudyError, read_end_record, read_end_records, read_reports
-from study.search.journal import journal_of, n_trials, optuna_storage
+from study.search.asker import AsksAhead, ProcessAsker
+from study.search.journal import journal_of, optuna_storage
 from study.search.scheduler import PersistentASHA, SnapshotBeforeStart
 from study.search.trial_map import TUNE_ID_ATTR, map_trials
 from study.spec.spec import Dimension, StudySpec
@@ -113,7 +114,7 @@ class SearcherStateError(StudyError):
     """A searcher's saved state restored into a searcher of another study (or of none)."""
 
 
-class DivergenceAwareOptunaSearch(OptunaSearch):
+class DivergenceAwareOptunaSearch(AsksAhead, OptunaSearch):
     """OptunaSearch that tells Optuna a diverged trial FAILED, that tells a restored trial's end
     once and with the value it ended on, and that finds its journal where this machine keeps it
     when Tune restores it.
@@ -184,6 +185,7 @@ class DivergenceAwareOptunaSearch(OptunaSearch):
         self._given_ends = ends
         self._ahead: Future[optuna.trial.Trial] | None = None  # the next trial, being asked
         self._asks_ahead = ask_ahead
+        self._in_process: ProcessAsker | None = None  # TPE's asks in a process (`_ask_ahead`)
         super().__init__(
             space,
             metric,
@@ -231,13 +233,13 @@ class DivergenceAwareOptunaSearch(OptunaSearch):
     def __getstate__(self) -> dict[str, Any]:  # end records handed in are never pickled
         if self._ahead is not None:  # the study pickled whole, not in the middle of an ask
             wait([self._ahead])
-        return {k: v for k, v in self.__dict__.items() if k not in ("_given_ends", "_ahead")}
+        return {k: v for k, v in self.__dict__.items() if k not in ("_given_ends", "_ahead", "_in_process")}
 
     def __setstate__(self, state: dict[str, Any]) -> None:  # the Tuner unpickled on restore
         self.__dict__.update(state)
         self._stale, self._orphans = True, []  # its paths are the first run's: wait for `rebind`
         self._unpickled = True
-        self._ahead = None
+        self._ahead, self._in_process = None, None
 
     def save(self, checkpoint_path: str) -> None:
         """Ray's save (its ``__dict__``, pickled), less what is not state: an ask in flight (waited
@@ -255,7 +257,7 @@ class DivergenceAwareOptunaSearch(OptunaSearch):
         self._settle_ahead()
         super().restore(checkpoint_path)
         self._paths, self._stale, self._orphans, self._unpickled = paths, True, [], unpickled
-        self._ahead = None
+        self._ahead, self._in_process = None, None
         if not unpickled:
             self._reopen_study()
             self._check_restored_trials(checkpoint_path)
@@ -317,12 +319,12 @@ class DivergenceAwareOptunaSearch(OptunaSearch):
         self._completed_trials = {tid for tid in ends}
         for number, tid in plan.tell.items():
             self._tell(optuna.trial.Trial(study, internal[number]), ends[tid], reports)
-        for tid, number in plan.adopt.items():
-            if number is None:  # Optuna never had this configuration: a trial with it, asked now
+        for tid, adopted in plan.adopt.items():
+            if adopted is None:  # Optuna never had this configuration: a trial with it, asked now
                 study.enqueue_trial({k: live[tid][k] for k in names if k in live[tid]})
                 asked = study.ask(fixed_distributions=self._space) if names else study.ask()
             else:
-                asked = optuna.trial.Trial(study, internal[number])
+                asked = optuna.trial.Trial(study, internal[adopted])
             asked.set_user_attr(TUNE_ID_ATTR, tid)
             self._ot_trials[tid] = asked
         self._orphans = list(plan.orphans)
@@ -394,40 +396,6 @@ class DivergenceAwareOptunaSearch(OptunaSearch):
         self._ask_ahead()
         return params
 
-    # -- asking ahead ------------------------------------------------------------------------------
-    def _ask_ahead(self) -> None:
-        """Ask Optuna for the next trial in a thread, while the driver waits on the trials (TPE's
-        ask grows with the study: 100 ms and more at 10,000 trials). Only while the study has
-        fewer Optuna trials than it will run: an ask the study would not use is never made (a
-        kill leaves a made one RUNNING, which the resume hands to the next new trial)."""
-        study, recipe = self._ot_study, getattr(self, "_recipe", None)
-        if self._ahead is not None or study is None or recipe is None or not isinstance(self._space, dict):
-            return
-        if not getattr(self, "_asks_ahead", True):
-            return
-        if n_trials(study) >= recipe.num_samples:
-            return
-        self._ahead = _asker().submit(study.ask, fixed_distributions=self._space)
-
-    def _take_ahead(self) -> optuna.trial.Trial | None:
-        """The trial asked ahead (waited for if still being asked); None if there is none, or if
-        its ask failed (it is then asked again, in the driver's thread)."""
-        ahead, self._ahead = self._ahead, None
-        if ahead is None:
-            return None
-        try:
-            return ahead.result()
-        except Exception as e:
-            log.warning("asking Optuna ahead failed (%s); asking again", e)
-            return None
-
-    def _settle_ahead(self) -> None:
-        """Let an ask in flight end and forget it, before the study or its sampler changes: its
-        trial, RUNNING and held by no Tune trial, goes to the next new one (`reconcile`)."""
-        ahead, self._ahead = getattr(self, "_ahead", None), None
-        if ahead is not None:
-            wait([ahead])
-
     def _flush(self, commit: bool = False) -> None:
         """Write the operations the study's journal keeps; with ``commit``, sync it too if it was
         last synced a second ago or more (`study.search.journal`)."""
@@ -484,17 +452,6 @@ a synthetic study (docs/evidence/stopped_as_pruned.py: median best 0.9064 agains
 STEP = "iteration"
 """The step of Optuna's intermediate values and TensorBoard's points: the model's training
 iteration, as the Parquet's ``iteration`` column (not Tune's count of reports)."""
-
-
-_ASKER: ThreadPoolExecutor | None = None
-
-
-def _asker() -> ThreadPoolExecutor:
-    """The one thread that asks Optuna ahead (`DivergenceAwareOptunaSearch._ask_ahead`)."""
-    global _ASKER
-    if _ASKER is None:
-        _ASKER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="optuna-ask-ahead")
-    return _ASKER
 
 
 def _draw(trial: optuna.trial.Trial, name: str, distribution: Any) -> None:

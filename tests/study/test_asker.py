@@ -1,0 +1,215 @@
+"""TPE's asks in a process (`study.search.asker`): the draws are TPE's over the study's history,
+the mirror holds the study, and a failed or killed process loses nothing."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+from optuna.distributions import FloatDistribution, IntDistribution
+from optuna.trial import TrialState
+
+from study.search.asker import Census, ProcessAsker
+from study.search.search import TUNE_ID_ATTR, DivergenceAwareOptunaSearch, make_searcher, param_space
+from study.spec.spec import load_spec
+from study.storage.storage import StudyPaths
+
+SPACE = {
+    "lambda_p": FloatDistribution(0.05, 0.9),
+    "beta": FloatDistribution(1e-4, 0.1, log=True),
+    "max_steps": IntDistribution(2, 8),
+}
+
+
+def _score(params: dict[str, float]) -> float:
+    return -((params["lambda_p"] - 0.3) ** 2) - 0.01 * params["max_steps"]
+
+
+def _history(study: optuna.Study, n: int) -> None:
+    """``n`` trials of every state TPE reads: COMPLETE, PRUNED with reports, FAIL, two RUNNING."""
+    for k in range(n):
+        trial = study.ask(fixed_distributions=SPACE)
+        if k % 7 == 3:
+            trial.report(_score(trial.params), 10)
+            study.tell(trial, state=TrialState.PRUNED)
+        elif k % 11 == 5:
+            study.tell(trial, state=TrialState.FAIL)
+        elif k < n - 2:
+            study.tell(trial, _score(trial.params))
+
+
+def test_a_draw_in_the_process_is_the_one_tpe_makes_over_the_same_history() -> None:
+    """The mirror is the study as TPE reads it: the same sampler, seeded alike, draws the same
+    parameters there as over the study itself (RUNNING trials included: TPE's constant liar)."""
+    driver = optuna.create_study(direction="maximize", sampler=optuna.samplers.RandomSampler(seed=1))
+    _history(driver, 40)
+    asker = ProcessAsker(driver, optuna.samplers.TPESampler(seed=7, n_startup_trials=5), SPACE)
+    try:
+        asker.ask(driver)
+        reference = optuna.create_study(
+            direction="maximize", sampler=optuna.samplers.TPESampler(seed=7, n_startup_trials=5)
+        )
+        reference.add_trials(driver.get_trials())
+        expected = reference.ask(fixed_distributions=SPACE).params
+        made = asker.take(driver)
+        assert made is not None and made.params == expected
+        assert (
+            made.number == 40 and driver.trials[40].state == TrialState.RUNNING
+        )  # made in the driver's study
+        assert not driver.get_trials(states=(TrialState.WAITING,))
+    finally:
+        asker.close()
+    assert asker._proc.returncode == 0
+
+
+def _spec(num_samples: int):  # type: ignore[no-untyped-def]
+    spec = load_spec("parity-smoke")
+    return dataclasses.replace(spec, search=spec.search.model_copy(update={"num_samples": num_samples}))
+
+
+def _searcher(paths: StudyPaths, num_samples: int) -> DivergenceAwareOptunaSearch:
+    spec = _spec(num_samples)
+    searcher = make_searcher(spec, paths).searcher  # as the driver makes it: asking ahead
+    assert isinstance(searcher, DivergenceAwareOptunaSearch)
+    assert searcher.set_search_properties(None, None, param_space(spec))
+    return searcher
+
+
+def _mirror(asker: ProcessAsker, asker_study: optuna.Study) -> Census:
+    """The mirror's trials, as `census` lists them, less the draws the driver never used."""
+    return sorted(t for t in asker.census(asker_study) if t[0] != TrialState.FAIL)
+
+
+def _held(study: optuna.Study) -> Census:
+    trials = study.get_trials(deepcopy=False)
+    return sorted(
+        (int(t.state), None if t.values is None else tuple(t.values), tuple(sorted(t.params.items())))
+        for t in trials
+        if t.state not in (TrialState.FAIL, TrialState.WAITING)
+    )
+
+
+def test_a_study_asked_in_the_process_mirrors_every_trial_and_ends_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two trials live at once, ended out of order: once the asks move to the process, every
+    suggestion is one of its draws, the mirror holds what the journal holds (each trial's state,
+    value and parameters: none left RUNNING there that ended here), and the process ends with
+    the study's last ask. A warm start's trial, waiting in the journal, still goes first."""
+    monkeypatch.setenv("PONDER_STUDY_ASK_IN_PROCESS_MS", "0")
+    paths = StudyPaths(str(tmp_path), "s")
+    n = 14
+    searcher = _searcher(paths, n)
+    metric = searcher.metric
+    searcher.suggest("t1")
+    searcher.suggest("t2")
+    asker = searcher._in_process
+    assert asker is not None and asker.asking  # t3 is being drawn there
+    study = searcher._ot_study
+    study.enqueue_trial({"lambda_p": 0.5, "beta": 0.01, "max_steps": 4, "seed": 1})  # as a warm start
+    for k in range(3, n + 1):
+        searcher.on_trial_complete(f"t{k - 2}", result={metric: 0.1 * (k % 5)})
+        if k == 8:  # the draw in flight made in the journal, as `suggest` makes it, then compared
+            searcher._ot_trials["t8"] = searcher._take_ahead()
+            assert _mirror(asker, study) == _held(study)
+        params = searcher.suggest(f"t{k}")
+        assert params is not None
+        if k == 3:  # the waiting trial first; the draw made for t3 is dropped
+            assert params["lambda_p"] == 0.5
+    assert searcher._in_process is None and asker._proc.returncode == 0  # the study has all its trials
+    trials = study.get_trials(deepcopy=False)
+    assert [t.user_attrs[TUNE_ID_ATTR] for t in trials] == [f"t{k}" for k in range(1, n + 1)]
+    drawn = [t for t in trials if "fixed_params" in t.system_attrs and t.params["lambda_p"] != 0.5]
+    assert len(drawn) >= n - 4  # all but the first two, the warm start's and the last
+
+
+def test_a_process_that_dies_leaves_the_asks_to_the_driver(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A killed asker process costs one warning: the draw in flight is asked again in the driver,
+    and every suggestion after it too; no Tune trial is left without its own Optuna trial."""
+    monkeypatch.setenv("PONDER_STUDY_ASK_IN_PROCESS_MS", "0")
+    paths = StudyPaths(str(tmp_path), "s")
+    searcher = _searcher(paths, 6)
+    searcher.suggest("t1")
+    searcher.suggest("t2")
+    asker = searcher._in_process
+    assert asker is not None
+    asker._proc.kill()
+    asker._proc.wait()
+    with caplog.at_level(logging.WARNING, logger="ponder-study"):
+        for k in range(3, 7):
+            assert searcher.suggest(f"t{k}") is not None
+    warned = [r for r in caplog.records if "asking Optuna in a process failed" in r.getMessage()]
+    assert len(warned) == 1
+    assert searcher._in_process is None and searcher._process_broken
+    trials = searcher._ot_study.get_trials(deepcopy=False)
+    assert [t.user_attrs[TUNE_ID_ATTR] for t in trials] == [f"t{k}" for k in range(1, 7)]
+    assert all(t.state == TrialState.RUNNING for t in trials)
+
+
+@pytest.mark.parametrize("stop", ["close", "sigkill", "sigint"])
+def test_the_process_ends_with_its_driver_and_ignores_its_signals(stop: str) -> None:
+    """The process lives no longer than its driver: it ends when the driver closes it or is
+    killed (its input closes). A Ctrl-C of the driver's process group is the driver's to handle:
+    the process keeps answering."""
+    driver = subprocess.Popen(
+        [sys.executable, "-c", _DRIVER],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    assert driver.stdout is not None and driver.stdin is not None
+    child = int(driver.stdout.readline())
+    assert driver.stdout.readline().strip() == "drawn"
+    if stop == "sigkill":  # the driver alone (the OOM killer's choice): the process sees its input end
+        os.kill(driver.pid, signal.SIGKILL)
+    elif stop == "sigint":
+        os.killpg(driver.pid, signal.SIGINT)  # the driver ignores it here; so must the process
+        time.sleep(0.5)
+        driver.stdin.write("ask\n")
+        driver.stdin.flush()
+        assert driver.stdout.readline().strip() == "drawn"
+    driver.stdin.close()  # the driver closes its asker and exits
+    driver.wait(30)
+    deadline = time.monotonic() + 10
+    while _alive(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(child)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        status = Path(f"/proc/{pid}/stat").read_text().split()[2]
+    except FileNotFoundError:
+        return False
+    return status != "Z"
+
+
+_DRIVER = """
+import signal, sys
+import optuna
+from optuna.distributions import FloatDistribution
+from study.search.asker import ProcessAsker
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+study = optuna.create_study()
+asker = ProcessAsker(study, optuna.samplers.TPESampler(seed=0), {"x": FloatDistribution(0, 1)})
+print(asker._proc.pid, flush=True)
+asker.ask(study)
+asker.take(study)
+print("drawn", flush=True)
+for line in sys.stdin:
+    asker.ask(study)
+    asker.take(study)
+    print("drawn", flush=True)
+asker.close()
+"""
