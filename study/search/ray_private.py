@@ -11,12 +11,15 @@ changes one.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
+import itertools
 import json
 from collections.abc import Callable, Iterable, Iterator
 from types import ModuleType
 from typing import Any
 
+import numpy as np
 import ray._private.ray_constants as ray_constants
 import ray._private.worker as ray_worker
 import ray.tune.experiment.trial as ray_trial
@@ -45,6 +48,7 @@ __all__ = [
     "search_alg",
     "searcher_experiment",
     "set_trial_count",
+    "sorted_cutoffs",
     "stop_local_monitor",
     "storage",
     "training_result",
@@ -63,7 +67,7 @@ PRIVATE: dict[type | ModuleType, tuple[str, ...]] = {
     ),
     SearchGenerator: ("_total_samples", "_counter", "_experiment"),
     AsyncHyperBandScheduler: ("_brackets", "_trial_info", "_time_attr", "_max_t"),
-    _Bracket: ("_rungs",),
+    _Bracket: ("_rungs", "cutoff", "rf"),
     OptunaSearch: (
         "_ot_study",
         "_ot_trials",
@@ -269,3 +273,67 @@ def running_statistics_of(metrics: Iterable[str]) -> Iterator[None]:
         yield
     finally:
         _STATISTICS = previous
+
+
+def sorted_cutoffs(scheduler: AsyncHyperBandScheduler) -> None:
+    """ASHA's cutoffs from each rung's values kept sorted (`_SortedCutoff`), in place of Ray's,
+    which builds an array of every value the rung holds at each report that reaches it."""
+    for bracket in scheduler._brackets:
+        if not isinstance(bracket.__dict__.get("cutoff"), _SortedCutoff):
+            bracket.cutoff = _SortedCutoff(bracket.rf)  # type: ignore[method-assign]
+
+
+class _SortedCutoff:
+    """A rung's cutoff as Ray's `_Bracket.cutoff` computes it (numpy's ``nanpercentile`` of the
+    rung's values at ``(1 - 1 / rf) * 100``, linear interpolation), bit for bit, from the values
+    kept sorted: Ray's took 226 µs a call at 10,000 trials against 26 µs at 1,000 (cProfile of
+    bench/driver_scale.py), the growth of a report's cost. A rung only gains values (Ray's
+    ``on_result``, `study.search.scheduler.PersistentASHA.replay`), in the dict's order: those
+    past the ones seen are new. Values other than Python floats and ints take Ray's own path
+    (numpy computes a float32 array in float32). Pickled without its cache."""
+
+    def __init__(self, rf: float) -> None:
+        self.rf = rf
+        self._seen: dict[int, tuple[dict[str, Any], list[float], int]] = {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"rf": self.rf}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["rf"])  # type: ignore[misc]
+
+    def __call__(self, recorded: dict[str, Any]) -> Any:
+        if not recorded:
+            return None
+        percent = (1 - 1 / self.rf) * 100
+        seen = self._seen.get(id(recorded))
+        if seen is None or seen[0] is not recorded or seen[2] > len(recorded):
+            seen = (recorded, [], 0)
+        values = seen[1]
+        for value in itertools.islice(recorded.values(), seen[2], None):
+            if type(value) is not float and type(value) is not int:
+                self._seen.pop(id(recorded), None)
+                return np.nanpercentile(list(recorded.values()), percent)  # Ray's own
+            if value == value:  # NaN, which nanpercentile leaves out, is not equal to itself
+                bisect.insort(values, value)
+        self._seen[id(recorded)] = (recorded, values, len(recorded))  # holds it: its id stays its own
+        return _linear_percentile(values, percent)
+
+
+def _linear_percentile(values: list[float], percent: float) -> np.float64:
+    """numpy's ``nanpercentile(values, percent)`` of NaN-free ``values``, sorted: its virtual index
+    ``(n - 1) * q``, the two values around it (the last past the end), and its interpolation
+    (``numpy.lib._function_base_impl._lerp``: from the upper value when the weight is 0.5 or more)."""
+    n = len(values)
+    if n == 0:
+        return np.float64(np.nan)
+    virtual = (n - 1) * np.true_divide(percent, 100)
+    if virtual >= n - 1:  # numpy's index -1, for both
+        below, lo, hi = -1, n - 1, n - 1
+    else:
+        below = lo = int(np.floor(virtual))
+        hi = lo + 1
+    gamma = virtual - below
+    a, b = np.float64(values[lo]), np.float64(values[hi])
+    diff = b - a
+    return np.float64(b - diff * (1 - gamma) if gamma >= 0.5 else a + diff * gamma)

@@ -241,6 +241,7 @@ class PersistentASHA(SnapshotBeforeStart, AsyncHyperBandScheduler):
                 raise TypeError(f"{type(self).__name__} needs state_uri or paths: where its rungs are kept")
             state_uri = paths.asha
         super().__init__(*args, paths=paths, **kwargs)
+        ray_private.sorted_cutoffs(self)  # a report's cutoff without an array of the whole rung
         self._state_uri = state_uri
         self._stopped: set[str] = set()
         self._stopping: set[str] = set()  # stopped, not yet recorded (see on_trial_complete)
@@ -254,6 +255,7 @@ class PersistentASHA(SnapshotBeforeStart, AsyncHyperBandScheduler):
     def __setstate__(self, state: dict[str, Any]) -> None:  # a study saved before the log
         super().__setstate__(state)
         self.__dict__.setdefault("_unsaved", {})
+        ray_private.sorted_cutoffs(self)  # a study saved before the sorted cutoffs
 
     def rebind(self, paths: StudyPaths) -> None:
         """Point at the study where it is now (Tune restores the scheduler with its old paths)."""

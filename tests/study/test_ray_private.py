@@ -3,15 +3,23 @@
 from __future__ import annotations
 
 import inspect
+import math
 import os
+import pickle
+import random
 import subprocess
 import sys
+import warnings
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
 import ray
+from ray.tune.schedulers.async_hyperband import _Bracket
 
-from study.search.ray_private import PRIVATE, RAY_CHECKED
+from study.search.ray_private import PRIVATE, RAY_CHECKED, _SortedCutoff
+from study.search.scheduler import PersistentASHA
 
 
 @pytest.mark.parametrize(("cls", "name"), [(c, n) for c, names in PRIVATE.items() for n in names])
@@ -149,3 +157,51 @@ def test_tune_keeps_running_statistics_of_the_metrics_named_and_elsewhere_of_all
             "training_iteration",
         }
     )
+
+
+def test_a_rung_s_sorted_cutoff_is_ray_s_bit_for_bit() -> None:
+    """`_SortedCutoff` against Ray's own (numpy's nanpercentile of the rung's values), after every
+    value a rung gains: floats, ints, ties, NaN (left out), at the reduction factors ASHA takes;
+    a float32 value takes Ray's path; a rung replaced by another dict is read afresh."""
+    for case in range(400):
+        rng = random.Random(case)
+        rf = rng.choice([1.5, 2, 2.5, 3, 4])
+        cutoff, rung = _SortedCutoff(rf), {}
+        for k in range(rng.randint(1, 40)):
+            draw = rng.random()
+            if draw < 0.05:
+                value: Any = float("nan")
+            elif draw < 0.15:
+                value = rng.randint(-5, 5)
+            elif draw < 0.3:
+                value = rng.choice([0.25, 0.5, 1.0])
+            else:
+                value = rng.uniform(-1, 1)
+            rung[f"t{k}"] = value
+            expected = _ray_cutoff(rung, rf)
+            got = cutoff(rung)
+            assert got == expected or (math.isnan(got) and math.isnan(expected)), (case, k, got, expected)
+    rung = {"a": np.float32(0.25), "b": np.float32(0.7), "c": np.float32(0.5)}  # numpy: in float32
+    assert cutoff(rung) == _ray_cutoff(rung, rf) and cutoff(rung).dtype == np.float32
+    assert cutoff({}) is None
+    assert cutoff({"a": 0.9}) == 0.9  # another dict: not the cache of the one before
+
+
+def _ray_cutoff(rung: dict[str, Any], rf: float) -> Any:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # an all-NaN rung
+        return _Bracket(1, 10, rf, 0).cutoff(rung)
+
+
+def test_asha_s_brackets_keep_sorted_cutoffs_through_a_pickle(tmp_path: Path) -> None:
+    """PersistentASHA's brackets use the sorted cutoffs, and so does one Tune unpickles (its cache
+    left behind, read afresh from the rungs)."""
+    asha = PersistentASHA(state_uri=str(tmp_path / "asha.json"), metric="acc", mode="max", max_t=40)
+    rung = asha._brackets[0]._rungs[-1][1]
+    rung.update({"a": 0.1, "b": 0.4, "c": 0.3})
+    assert asha._brackets[0].cutoff(rung) == _ray_cutoff(rung, asha._brackets[0].rf)
+    again = pickle.loads(pickle.dumps(asha))
+    cutoff = again._brackets[0].cutoff
+    assert isinstance(cutoff, _SortedCutoff) and not cutoff._seen
+    rung = again._brackets[0]._rungs[-1][1]
+    assert cutoff(rung) == _ray_cutoff(rung, again._brackets[0].rf)
