@@ -197,6 +197,7 @@ def _run_study(
     share_filesystems_when_copied()  # as study.run.runner._prepare_driver does before Tune starts
     ray_private.remember_registered()
     ray_private.tune_json_in_c()
+    ray_private.incremental_uploads()
     name = f"scale-{n}" if repeat == 0 else f"scale-{n}-{repeat}"
     text = SPEC.format(
         iterations=250 * args.reports,

@@ -432,6 +432,7 @@ def _prepare_driver(paths: StudyPaths) -> None:
     share_filesystems_when_copied()  # Tune copies its spec, and the filesystem, for each new trial
     ray_private.remember_registered()  # Tune asks Ray's GCS twice a new trial otherwise
     ray_private.tune_json_in_c()  # Tune's saves and result.json lines encoded in Python otherwise
+    ray_private.incremental_uploads()  # Tune copies every trial's folder at each save otherwise
     journal_copy.pull(paths)
     if clear_stale_journal_lock(paths.optuna_journal):  # under the lease: a killed driver's
         log.info("removed the Optuna journal lock a stopped driver left")

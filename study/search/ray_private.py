@@ -15,13 +15,17 @@ import bisect
 import contextlib
 import itertools
 import json
+import os
+import weakref
 from collections.abc import Callable, Iterable, Iterator
 from types import ModuleType
 from typing import Any
 
 import numpy as np
+import pyarrow.fs as pafs
 import ray._private.ray_constants as ray_constants
 import ray._private.worker as ray_worker
+import ray.train._internal.storage as ray_storage
 import ray.tune.experiment.trial as ray_trial
 import ray.tune.logger.json as ray_json_logger
 import ray.tune.registry as ray_registry
@@ -42,6 +46,7 @@ __all__ = [
     "before_restored_trials_queue",
     "callbacks",
     "controller_of",
+    "incremental_uploads",
     "remember_registered",
     "running_statistics_of",
     "scheduler",
@@ -92,6 +97,8 @@ PRIVATE: dict[type | ModuleType, tuple[str, ...]] = {
     ray_trial: ("json",),
     ray_trial_metadata: ("json",),
     ray_json_logger: ("json",),
+    # Tune's upload of its experiment, made of the files changed since (`incremental_uploads`)
+    ray_storage._FilesystemSyncer: ("_sync_up_command", "storage_filesystem"),
     # Tune's running statistics of a trial's metrics, kept for some only (`running_statistics_of`)
     _TrainingRunMetadata: ("update_metric", "metric_analysis", "metric_n_steps"),
 }
@@ -337,3 +344,85 @@ def _linear_percentile(values: list[float], percent: float) -> np.float64:
     a, b = np.float64(values[lo]), np.float64(values[hi])
     diff = b - a
     return np.float64(b - diff * (1 - gamma) if gamma >= 0.5 else a + diff * gamma)
+
+
+def incremental_uploads() -> None:
+    """Tune's uploads of its experiment carry the files changed since this driver's last upload.
+
+    Tune saves its experiment in a staging folder on the driver, then copies the whole folder to
+    the study's storage (`ray.train._internal.storage._upload_to_fs_path`): every trial's folder
+    (its ``params.json``, ``params.pkl``, ``result.json``) at every periodic save, and once more
+    at the run's end. On S3 that is thousands of requests a save at 1,000 trials (3.6 writes a
+    trial, and 80 s of the study's end, on moto), on a local disk a copy of every file. Here a
+    file is copied when its size or modification time differs from what this syncer last copied
+    (kept in memory, `_COPIED`: a new driver copies everything once, as Tune does). A file
+    that changes while it is read is copied again at the next upload; a failed upload marks
+    nothing copied. Uploads with exclusions take Tune's own path."""
+    cls = ray_storage._FilesystemSyncer
+    if getattr(cls._sync_up_command, "_incremental", False):
+        return
+    tunes = cls._sync_up_command
+
+    def _sync_up_command(self: Any, local_path: str, uri: str, exclude: list[str] | None = None) -> Any:
+        if exclude or not os.path.isdir(local_path):
+            return tunes(self, local_path, uri, exclude)
+        record = _COPIED.setdefault(self, _Copied())
+        return _upload_changed, {
+            "local_path": local_path,
+            "fs": self.storage_filesystem,
+            "fs_path": uri,
+            "record": record,
+        }
+
+    _sync_up_command._incremental = True  # type: ignore[attr-defined]
+    cls._sync_up_command = _sync_up_command  # type: ignore[method-assign]
+
+
+class _Copied:
+    """What a syncer copied: each file's size and modification time, the folders it made. Tune
+    pickles and deep-copies its syncer (with the experiment, while a copy runs in its thread, and
+    the command it ran with it): a copy of this starts empty, and never reads the live one."""
+
+    def __init__(self) -> None:
+        self.files: dict[str, tuple[int, int]] = {}
+        self.folders: set[str] = set()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__()  # type: ignore[misc]
+
+
+_COPIED: weakref.WeakKeyDictionary[Any, _Copied] = weakref.WeakKeyDictionary()
+"""A syncer -> what it copied (`_Copied`)."""
+
+
+def _upload_changed(local_path: str, fs: pafs.FileSystem, fs_path: str, record: _Copied) -> int:
+    """Copy the files under ``local_path`` whose size and modification time ``record`` does not
+    hold to the same place under ``fs_path``, making the folders there; returns how many."""
+    copied, folders = record.files, record.folders
+    changed: list[tuple[str, tuple[int, int]]] = []
+    for root, _, files in os.walk(local_path):
+        for name in files:
+            path = os.path.join(root, name)
+            try:
+                stat = os.stat(path)
+            except FileNotFoundError:  # removed since it was listed
+                continue
+            key = (stat.st_size, stat.st_mtime_ns)
+            if copied.get(path) != key:
+                changed.append((path, key))
+    object_store = fs.type_name in ("s3", "gcs")  # where a folder is a prefix of names, not made
+    for path, key in changed:
+        dest = f"{fs_path.rstrip('/')}/{os.path.relpath(path, local_path).replace(os.sep, '/')}"
+        parent = dest.rsplit("/", 1)[0]
+        if parent not in folders and not object_store:
+            fs.create_dir(parent, recursive=True)
+        folders.add(parent)
+        with open(path, "rb") as f:
+            data = f.read()
+        with fs.open_output_stream(dest) as out:
+            out.write(data)
+        copied[path] = key  # the size and time seen before the read: a write since copies again
+    return len(changed)

@@ -14,11 +14,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow.fs as pafs
 import pytest
 import ray
+import ray.train._internal.storage as ray_storage
 from ray.tune.schedulers.async_hyperband import _Bracket
 
-from study.search.ray_private import PRIVATE, RAY_CHECKED, _SortedCutoff
+from study.search.ray_private import PRIVATE, RAY_CHECKED, _SortedCutoff, incremental_uploads
 from study.search.scheduler import PersistentASHA
 
 
@@ -205,3 +207,44 @@ def test_asha_s_brackets_keep_sorted_cutoffs_through_a_pickle(tmp_path: Path) ->
     assert isinstance(cutoff, _SortedCutoff) and not cutoff._seen
     rung = again._brackets[0]._rungs[-1][1]
     assert cutoff(rung) == _ray_cutoff(rung, again._brackets[0].rf)
+
+
+def test_tune_s_experiment_uploads_copy_the_files_changed_since_the_last(tmp_path: Path) -> None:
+    """Tune's syncer, once `incremental_uploads` is in force: the first upload copies every file
+    of the staging folder, the next only those written since (a trial's new report, a new trial's
+    folder), a failed one marks nothing copied; what was copied is not pickled with the syncer
+    (Tune pickles it with its experiment while a copy runs); an upload with exclusions is Tune's."""
+    incremental_uploads()
+    staging, storage = tmp_path / "staging", tmp_path / "storage"
+    (staging / "trial_a").mkdir(parents=True)
+    (staging / "experiment_state.json").write_text("{}")
+    (staging / "trial_a" / "result.json").write_text('{"i": 1}\n')
+    syncer = ray_storage._FilesystemSyncer(storage_filesystem=pafs.LocalFileSystem())
+
+    def upload() -> int:
+        function, kwargs = syncer._sync_up_command(str(staging), str(storage))
+        assert function.__name__ == "_upload_changed"
+        return int(function(**kwargs))
+
+    assert upload() == 2
+    assert (storage / "trial_a" / "result.json").read_text() == '{"i": 1}\n'
+    assert upload() == 0
+    with open(staging / "trial_a" / "result.json", "a") as f:
+        f.write('{"i": 2}\n')
+    (staging / "trial_b").mkdir()
+    (staging / "trial_b" / "params.json").write_text('{"beta": 0.1}')
+    assert upload() == 2
+    assert (storage / "trial_a" / "result.json").read_text() == '{"i": 1}\n{"i": 2}\n'
+    assert (storage / "trial_b" / "params.json").read_text() == '{"beta": 0.1}'
+    (staging / "experiment_state.json").write_text('{"trials": 2}')
+    (storage / "experiment_state.json").unlink()
+    (storage / "experiment_state.json").mkdir()  # the copy fails: a folder where the file goes
+    with pytest.raises(OSError):
+        upload()
+    (storage / "experiment_state.json").rmdir()
+    assert upload() == 1 and (storage / "experiment_state.json").read_text() == '{"trials": 2}'
+    copy = pickle.loads(pickle.dumps(syncer))  # as Tune pickles it with its experiment, mid-copy
+    function, kwargs = copy._sync_up_command(str(staging), str(storage))
+    assert function(**kwargs) == 3  # none of the original's record went with it
+    function, _ = syncer._sync_up_command(str(staging), str(storage), exclude=["*.pkl"])
+    assert function.__name__ != "_upload_changed"  # Tune's own, which honours the exclusions
