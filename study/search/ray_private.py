@@ -18,6 +18,7 @@ import json
 import os
 import weakref
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from types import ModuleType
 from typing import Any
 
@@ -378,6 +379,10 @@ def incremental_uploads() -> None:
     cls._sync_up_command = _sync_up_command  # type: ignore[method-assign]
 
 
+UPLOAD_THREADS = 4
+"""Files copied at once by `incremental_uploads` (Tune's own copy uses pyarrow's thread pool)."""
+
+
 class _Copied:
     """What a syncer copied: each file's size and modification time, the folders it made. Tune
     pickles and deep-copies its syncer (with the experiment, while a copy runs in its thread, and
@@ -414,15 +419,27 @@ def _upload_changed(local_path: str, fs: pafs.FileSystem, fs_path: str, record: 
             if copied.get(path) != key:
                 changed.append((path, key))
     object_store = fs.type_name in ("s3", "gcs")  # where a folder is a prefix of names, not made
-    for path, key in changed:
+    targets = []
+    for path, _ in changed:
         dest = f"{fs_path.rstrip('/')}/{os.path.relpath(path, local_path).replace(os.sep, '/')}"
         parent = dest.rsplit("/", 1)[0]
         if parent not in folders and not object_store:
             fs.create_dir(parent, recursive=True)
         folders.add(parent)
-        with open(path, "rb") as f:
-            data = f.read()
+        targets.append(dest)
+
+    def copy(path: str, dest: str) -> None:
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+        except FileNotFoundError:  # Tune removed it (an older state file) since it was listed
+            return
         with fs.open_output_stream(dest) as out:
             out.write(data)
-        copied[path] = key  # the size and time seen before the read: a write since copies again
+
+    if not changed:
+        return 0
+    with ThreadPoolExecutor(max_workers=UPLOAD_THREADS) as pool:  # each PUT waits on the network
+        for (path, key), _ in zip(changed, pool.map(copy, [p for p, _ in changed], targets), strict=True):
+            copied[path] = key  # the size and time seen before the read: a write since copies again
     return len(changed)
