@@ -189,6 +189,7 @@ def _run_study(
     from study.run.runner import _space, fail_orphaned_optuna_trials, study_callbacks
     from study.run.slim_trials import kept_statistics
     from study.search import ray_private
+    from study.search.asker import ProcessAsker
     from study.search.journal import flush_journals
     from study.search.search import make_scheduler, make_searcher
     from study.spec.spec import parse_spec
@@ -213,6 +214,10 @@ def _run_study(
     paths = StudyPaths(storage, name)
     write_bytes(paths.spec, text.encode())
     searcher = make_searcher(spec, paths)
+    drawn: list[float] = []  # the CPU of each draw TPE made in its process (study.search.asker)
+    close = ProcessAsker.close
+    stack.callback(setattr, ProcessAsker, "close", close)
+    ProcessAsker.close = lambda asker: (drawn.extend(asker.drawn_cpu), close(asker))[-1]  # type: ignore[method-assign]
     search_alg = SearchGenerator(searcher)
     search_alg.set_search_properties(spec.metric, spec.mode, _space(spec))
     experiment = Experiment(
@@ -331,6 +336,7 @@ def _run_study(
         "syncs": in_run / n,
         "appends": journal.appends / n,
         "own": optuna_own(paths, spec, args) if args.own and repeat == 0 else None,
+        "drawn": statistics.fmean(drawn[-len(window) :]) if drawn else None,
         "requests": requests,
         "paths": paths,
     }
@@ -475,6 +481,8 @@ def main() -> None:
                     f"; Optuna's own {row['own'] * 1e3:.1f} ms a trial at this N, "
                     f"the driver minus Optuna {(row['cost'] - row['own']) * 1e3:.1f} ms"
                 )
+            if row["drawn"] is not None:
+                own += f"; TPE's ask in its process {row['drawn'] * 1e3:.1f} ms of CPU"
             end = ", ".join(f"{k} {v:.2f} s" for k, v in row["end"].items())
             end = f"{sum(row['end'].values()):.1f} s ({end})"
             print(

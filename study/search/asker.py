@@ -85,6 +85,7 @@ class ProcessAsker:
         self._walked = 0  # the driver's trials before this one are mirrored, or WAITING
         self._draws = 0
         self._asked: int | None = None
+        self.drawn_cpu: list[float] = []  # the CPU seconds of each draw in the child
         package = str(Path(__file__).resolve().parents[2])  # the folder that holds `study`
         path = os.pathsep.join(p for p in (package, os.environ.get("PYTHONPATH", "")) if p)
         self._proc = subprocess.Popen(
@@ -124,6 +125,7 @@ class ProcessAsker:
         reply = pickle.load(self._proc.stdout)  # EOFError if the child ended
         if reply[0] != "params" or reply[1] != key:
             raise RuntimeError(f"the asker process failed: {reply[-1]}")
+        self.drawn_cpu.append(reply[3])
         if study._storage.get_all_trials(study._study_id, deepcopy=False, states=(TrialState.WAITING,)):
             self._dropped.append(key)
             return None
@@ -409,7 +411,8 @@ def _serve(stdin: IO[bytes], stdout: IO[bytes]) -> None:
             if message[0] == "census":
                 reply = ("census", mirror.census())
             else:
-                reply = ("params", message[1], mirror.ask(message[1]))
+                t0 = time.thread_time()
+                reply = ("params", message[1], mirror.ask(message[1]), time.thread_time() - t0)
         except Exception as e:  # said to the driver, which asks in its own thread from then on
             reply = ("error", f"{type(e).__name__}: {e}")
         pickle.dump(reply, stdout, protocol=pickle.HIGHEST_PROTOCOL)
