@@ -25,7 +25,8 @@ journal's appends; the study's end as the driver makes it (Tune's final save, th
 whole, Optuna's orphans, the summary);
 and Optuna's own cost at that N, in the same run: the same sampler with the study's trials
 copied into an in-memory study, then ``--own`` trials of ask (the space's three parameters), the
-same reports and a tell, timed; ``minus Optuna`` is the driver's cost less Optuna's own.
+same reports and a tell, timed; ``minus Optuna`` is the driver's cost less Optuna's own; and,
+where TPE asked in its process (`study.search.asker`), the CPU of those asks in the window.
 ``--s3`` puts the study on moto's S3 server (its requests counted); ``--tensorboard`` turns the
 spec's ``[run] tensorboard`` on. Then the Parquet recipes of docs/parquet.md (pandas)
 over the studies, timed. The last line: ``growth <cost per trial at the largest N / at the smallest>``.

@@ -27,6 +27,7 @@ import os
 import pickle
 import queue
 import signal
+import statistics
 import subprocess
 import sys
 import threading
@@ -44,6 +45,7 @@ from optuna.trial import FrozenTrial, TrialState
 from study.search.journal import n_trials
 
 __all__ = [
+    "ASKS_JUDGED",
     "ASK_IN_PROCESS",
     "ASK_IN_PROCESS_MS",
     "AsksAhead",
@@ -218,14 +220,19 @@ def close_askers() -> None:
 ASK_IN_PROCESS = ("tpe",)
 """The samplers whose asks `AsksAhead._ask_ahead` makes in a process: TPE's ask walks the whole
 study (about 100 ms a trial at 10,000 trials on the 2-core machine) and depends on nothing but its
-trials. The others ask in a thread: cheap
-(random, QMC, grid), or reading more of the study than its trials (CMA-ES) or untried (GP)."""
+trials. The others ask in a thread: cheap (random, QMC, grid), or reading more of the study
+than its trials (CMA-ES), or untried (GP)."""
 
-ASK_IN_PROCESS_MS = 5.0
-"""The CPU an ask in the thread may take (ms) before the asks move to the process: TPE's reaches it
-at a few hundred trials; starting the process costs about half a second of CPU once. The
-environment's ``PONDER_STUDY_ASK_IN_PROCESS_MS`` replaces it (0: as soon as an ask takes any
+ASK_IN_PROCESS_MS = 8.0
+"""The CPU (ms) the median of the last `ASKS_JUDGED` asks in the thread may take before the asks
+move to the process. Starting it costs about half a second of CPU, once; a round trip 1-2 ms of
+the driver's. TPE's median reaches 8 ms at 50 to 110 trials on the 2-core machine (4 parameters;
+3 ms at 6 and 24 trials, whose studies never start it, though single asks there take 6 ms). The
+environment's ``PONDER_STUDY_ASK_IN_PROCESS_MS`` replaces it (0: as soon as the asks take any
 time; ``off``: never)."""
+
+ASKS_JUDGED = 5
+"""The asks in the thread whose median CPU is held against `ASK_IN_PROCESS_MS`."""
 
 
 def ask_in_process_s() -> float:
@@ -298,18 +305,22 @@ class AsksAhead:
         t0 = time.thread_time()
         assert isinstance(self._space, dict)  # `_ask_ahead` asks only then
         trial = study.ask(fixed_distributions=self._space)
-        self._ask_cpu = time.thread_time() - t0
+        cpu = getattr(self, "_asks_cpu", [])
+        self._asks_cpu = [*cpu[-(ASKS_JUDGED - 1) :], time.thread_time() - t0]
         return trial
 
     def _asks_in_process(self, recipe: Any) -> bool:
-        """Whether the next ask is made in the process: a sampler of `ASK_IN_PROCESS` whose ask
-        in the thread took more than `ask_in_process_s` of CPU (and ever after in this run),
-        unless the process failed in this run."""
+        """Whether the next ask is made in the process: a sampler of `ASK_IN_PROCESS` whose last
+        asks in the thread took more than `ask_in_process_s` of CPU (their median; and ever after
+        in this run), unless the process failed in this run."""
         if getattr(self, "_in_process", None) is not None:
             return True
         if getattr(self, "_process_broken", False) or recipe.kind not in ASK_IN_PROCESS:
             return False
-        return getattr(self, "_ask_cpu", 0.0) > ask_in_process_s()
+        cpu = getattr(self, "_asks_cpu", [])
+        threshold = ask_in_process_s()
+        judged = 1 if threshold == 0 else ASKS_JUDGED  # 0: the first ask decides
+        return len(cpu) >= judged and statistics.median(cpu[-judged:]) > threshold
 
     def _take_ahead(self) -> optuna.trial.Trial | None:
         """The trial asked ahead (waited for if still being asked); None if there is none, or if

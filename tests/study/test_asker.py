@@ -213,3 +213,30 @@ for line in sys.stdin:
     print("drawn", flush=True)
 asker.close()
 """
+
+
+@pytest.mark.parametrize(
+    ("setting", "asks_ms", "in_process"),
+    [
+        (None, [3, 3, 3, 3, 60], False),  # one slow ask (TPE's first models take 6 ms) is not enough
+        (None, [3, 9, 9, 9, 3], True),  # the median of the last five, over 8 ms
+        (None, [20, 20, 20, 20], False),  # fewer than five asks judged
+        ("off", [500] * 5, False),
+        ("0", [0.1], True),
+        ("not a number", [3] * 5, False),  # the default kept, said once
+    ],
+)
+def test_the_asks_move_to_the_process_on_the_median_of_the_last_asks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, setting: str | None, asks_ms: list[float], in_process: bool
+) -> None:
+    """`ASK_IN_PROCESS_MS` against the median CPU of the last five asks in the thread, or the
+    environment's setting; only TPE's asks move."""
+    if setting is None:
+        monkeypatch.delenv("PONDER_STUDY_ASK_IN_PROCESS_MS", raising=False)
+    else:
+        monkeypatch.setenv("PONDER_STUDY_ASK_IN_PROCESS_MS", setting)
+    searcher = _searcher(StudyPaths(str(tmp_path), "s"), 8)
+    searcher._asks_cpu = [ms / 1e3 for ms in asks_ms]
+    assert searcher._asks_in_process(searcher._recipe) is in_process
+    random = dataclasses.replace(searcher._recipe, kind="random")
+    assert not searcher._asks_in_process(random)
