@@ -3,6 +3,7 @@ the mirror holds the study, and a failed or killed process loses nothing."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -18,9 +19,12 @@ from optuna.distributions import FloatDistribution, IntDistribution
 from optuna.trial import TrialState
 
 from study.search.asker import Census, ProcessAsker
+from study.search.journal import optuna_storage
 from study.search.search import TUNE_ID_ATTR, DivergenceAwareOptunaSearch, make_searcher, param_space
 from study.spec.spec import load_spec
 from study.storage.storage import StudyPaths
+from tests.study.conftest import cli, smoke_spec
+from tests.study.conftest import trials as trials_of
 
 SPACE = {
     "lambda_p": FloatDistribution(0.05, 0.9),
@@ -227,7 +231,11 @@ asker.close()
     ],
 )
 def test_the_asks_move_to_the_process_on_the_median_of_the_last_asks(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, setting: str | None, asks_ms: list[float], in_process: bool
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    setting: str | None,
+    asks_ms: list[float],
+    in_process: bool,
 ) -> None:
     """`ASK_IN_PROCESS_MS` against the median CPU of the last five asks in the thread, or the
     environment's setting; only TPE's asks move."""
@@ -237,6 +245,42 @@ def test_the_asks_move_to_the_process_on_the_median_of_the_last_asks(
         monkeypatch.setenv("PONDER_STUDY_ASK_IN_PROCESS_MS", setting)
     searcher = _searcher(StudyPaths(str(tmp_path), "s"), 8)
     searcher._asks_cpu = [ms / 1e3 for ms in asks_ms]
-    assert searcher._asks_in_process(searcher._recipe) is in_process
-    random = dataclasses.replace(searcher._recipe, kind="random")
+    recipe = searcher._recipe
+    assert recipe is not None and searcher._asks_in_process(recipe) is in_process
+    random = dataclasses.replace(recipe, kind="random")
     assert not searcher._asks_in_process(random)
+
+
+@pytest.mark.ray
+def test_a_study_run_from_the_cli_draws_its_tpe_trials_in_the_process_and_ends_it(tmp_path: Path) -> None:
+    """``ponder-study run`` of the smoke study, its asks moved to the process at once: every trial
+    after the first two was drawn there (made in the journal from the draw, Optuna's fixed
+    parameters), all six ran once each, and no asking process outlives the driver."""
+    mark = f"ponder-asker-test-{os.getpid()}-{time.monotonic_ns()}"
+    done = cli(
+        "run",
+        smoke_spec(tmp_path),
+        "--storage",
+        str(tmp_path / "results"),
+        "--quiet",
+        env={"PONDER_STUDY_ASK_IN_PROCESS_MS": "0", "PONDER_ASKER_TEST": mark},
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "asking Optuna in a process failed" not in done.stderr
+    paths = StudyPaths(str(tmp_path / "results"), "parity-smoke")
+    trials = optuna.load_study(study_name=paths.name, storage=optuna_storage(paths)).trials
+    assert len(trials) == 6 and all(t.state == TrialState.COMPLETE for t in trials)
+    assert len({t.user_attrs[TUNE_ID_ATTR] for t in trials}) == 6
+    assert [t.number for t in trials if "fixed_params" in t.system_attrs] == [2, 3, 4, 5]
+    assert len(trials_of(tmp_path / "results", "parity-smoke")) == 6  # the Parquet, read back
+    assert not [p for p in _environ_naming(mark)], "an asking process outlived its driver"
+
+
+def _environ_naming(mark: str) -> list[int]:
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                if mark.encode() in (entry / "environ").read_bytes():
+                    pids.append(int(entry.name))
+    return pids
