@@ -135,6 +135,8 @@ class ProcessAsker:
         trial = study.ask(fixed_distributions=self._space)
         self._keys[trial.number] = key
         self._running[trial._trial_id] = key
+        if trial.number == self._walked:  # the next ask need not walk the study to find it
+            self._walked += 1
         return trial
 
     def census(self, study: optuna.Study) -> Census:

@@ -357,13 +357,14 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def processes_naming(marker: str) -> list[int]:
-    """Processes (not this one) whose command line names ``marker``: what a test's own daemons
-    left, found by the folder they were started in, never by a name other tests' processes share."""
+def processes_naming(marker: str, where: str = "cmdline") -> list[int]:
+    """Processes (not this one) whose command line (or, with ``where="environ"``, environment)
+    names ``marker``: what a test's own daemons left, found by the folder they were started in or
+    a variable the test set, never by a name other tests' processes share."""
     pids = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit() and int(entry.name) != os.getpid():
             with contextlib.suppress(OSError):
-                if marker in (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"):
+                if marker in (entry / where).read_bytes().replace(b"\0", b" ").decode(errors="replace"):
                     pids.append(int(entry.name))
     return pids

@@ -3,7 +3,6 @@ the mirror holds the study, and a failed or killed process loses nothing."""
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 import os
@@ -23,7 +22,7 @@ from study.search.journal import optuna_storage
 from study.search.search import TUNE_ID_ATTR, DivergenceAwareOptunaSearch, make_searcher, param_space
 from study.spec.spec import load_spec
 from study.storage.storage import StudyPaths
-from tests.study.conftest import cli, smoke_spec
+from tests.study.conftest import cli, processes_naming, smoke_spec
 from tests.study.conftest import trials as trials_of
 
 SPACE = {
@@ -253,9 +252,9 @@ def test_the_asks_move_to_the_process_on_the_median_of_the_last_asks(
 
 @pytest.mark.ray
 def test_a_study_run_from_the_cli_draws_its_tpe_trials_in_the_process_and_ends_it(tmp_path: Path) -> None:
-    """``ponder-study run`` of the smoke study, its asks moved to the process at once: every trial
-    after the first two was drawn there (made in the journal from the draw, Optuna's fixed
-    parameters), all six ran once each, and no asking process outlives the driver."""
+    """``ponder-study run`` of the smoke study from another folder, its asks moved to the process at
+    once: every trial after the first two was drawn there (made in the journal from the draw,
+    Optuna's fixed parameters), all six ran once each, and no asking process outlives the driver."""
     mark = f"ponder-asker-test-{os.getpid()}-{time.monotonic_ns()}"
     done = cli(
         "run",
@@ -263,6 +262,7 @@ def test_a_study_run_from_the_cli_draws_its_tpe_trials_in_the_process_and_ends_i
         "--storage",
         str(tmp_path / "results"),
         "--quiet",
+        cwd=tmp_path,  # not the repository: the child finds the package all the same
         env={"PONDER_STUDY_ASK_IN_PROCESS_MS": "0", "PONDER_ASKER_TEST": mark},
     )
     assert done.returncode == 0, done.stderr[-3000:]
@@ -273,14 +273,4 @@ def test_a_study_run_from_the_cli_draws_its_tpe_trials_in_the_process_and_ends_i
     assert len({t.user_attrs[TUNE_ID_ATTR] for t in trials}) == 6
     assert [t.number for t in trials if "fixed_params" in t.system_attrs] == [2, 3, 4, 5]
     assert len(trials_of(tmp_path / "results", "parity-smoke")) == 6  # the Parquet, read back
-    assert not [p for p in _environ_naming(mark)], "an asking process outlived its driver"
-
-
-def _environ_naming(mark: str) -> list[int]:
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError):
-                if mark.encode() in (entry / "environ").read_bytes():
-                    pids.append(int(entry.name))
-    return pids
+    assert not processes_naming(mark, where="environ"), "an asking process outlived its driver"
