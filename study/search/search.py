@@ -479,8 +479,8 @@ def make_searcher(
 ) -> ConcurrencyLimiter:
     """Seeded Optuna search whose study lives in a journal file beside the results; the
     ``warm_start`` configurations are its first trials; ``ends``: the study's end records, when
-    the caller has read them; ``ask_ahead``: the next trial asked for in a thread while trials
-    run (`DivergenceAwareOptunaSearch._ask_ahead`)."""
+    the caller has read them; ``ask_ahead``: the next trial asked for while trials run, in a
+    thread or TPE's process (`study.search.asker.AsksAhead`)."""
     metrics, modes = [m for m, _ in spec.objectives], [mode for _, mode in spec.objectives]
     searcher = DivergenceAwareOptunaSearch(  # lists: Optuna's multi-objective study
         metric=metrics if spec.multi_objective else metrics[0],
