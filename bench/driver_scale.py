@@ -26,7 +26,8 @@ whole, Optuna's orphans, the summary);
 and Optuna's own cost at that N, in the same run: the same sampler with the study's trials
 copied into an in-memory study, then ``--own`` trials of ask (the space's three parameters), the
 same reports and a tell, timed; ``minus Optuna`` is the driver's cost less Optuna's own; and,
-where TPE asked in its process (`study.search.asker`), the CPU of those asks in the window.
+where TPE asked in its processes (`study.search.asker`), the mean CPU of each process's last
+asks (a window's worth) and how many processes drew.
 ``--s3`` puts the study on moto's S3 server (its requests counted); ``--tensorboard`` turns the
 spec's ``[run] tensorboard`` on. Then the Parquet recipes of docs/parquet.md (pandas)
 over the studies, timed. The last line: ``growth <cost per trial at the largest N / at the smallest>``.
@@ -215,10 +216,17 @@ def _run_study(
     paths = StudyPaths(storage, name)
     write_bytes(paths.spec, text.encode())
     searcher = make_searcher(spec, paths)
-    drawn: list[float] = []  # the CPU of each draw TPE made in its process (study.search.asker)
+    drawn: list[float] = []  # the CPU of each draw TPE made in its processes (study.search.asker)
+    askers: list[int] = []  # the processes it drew in, a 1 for each
     close = ProcessAsker.close
     stack.callback(setattr, ProcessAsker, "close", close)
-    ProcessAsker.close = lambda asker: (drawn.extend(asker.drawn_cpu), close(asker))[-1]  # type: ignore[method-assign]
+
+    def closed(asker: ProcessAsker) -> None:
+        drawn.extend(asker.drawn_cpu[-(args.window or max(50, n // 10)) :])  # its last, near N
+        askers.append(1)
+        close(asker)
+
+    ProcessAsker.close = closed  # type: ignore[method-assign]
     search_alg = SearchGenerator(searcher)
     search_alg.set_search_properties(spec.metric, spec.mode, _space(spec))
     experiment = Experiment(
@@ -337,7 +345,8 @@ def _run_study(
         "syncs": in_run / n,
         "appends": journal.appends / n,
         "own": optuna_own(paths, spec, args) if args.own and repeat == 0 else None,
-        "drawn": statistics.fmean(drawn[-len(window) :]) if drawn else None,
+        "drawn": statistics.fmean(drawn) if drawn else None,
+        "askers": len(askers),
         "requests": requests,
         "paths": paths,
     }
@@ -483,7 +492,10 @@ def main() -> None:
                     f"the driver minus Optuna {(row['cost'] - row['own']) * 1e3:.1f} ms"
                 )
             if row["drawn"] is not None:
-                own += f"; TPE's ask in its process {row['drawn'] * 1e3:.1f} ms of CPU"
+                own += (
+                    f"; TPE's ask {row['drawn'] * 1e3:.1f} ms of CPU, in {row['askers']} "
+                    f"process{'es' if row['askers'] > 1 else ''}"
+                )
             end = ", ".join(f"{k} {v:.2f} s" for k, v in row["end"].items())
             end = f"{sum(row['end'].values()):.1f} s ({end})"
             print(

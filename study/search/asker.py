@@ -1,9 +1,11 @@
 """Asking Optuna for the next trial ahead, while the driver waits on the trials: in a thread,
-or, for TPE once its ask grows, in a process of its own (`AsksAhead`, the searcher's part).
+or, for TPE once its ask grows, in processes of their own (`AsksAhead`, the searcher's part).
 
 TPE's ask walks the study's whole history: about 10 ms at 1,000 trials and 100 ms at 10,000 on
 the 2-core machine. Asked ahead in a thread, it still holds the interpreter the driver's thread
-needs for everything else; in `ProcessAsker`'s child it runs on another core.
+needs for everything else; in `ProcessAsker`'s child it runs on another core. When the driver
+still waits on every draw, a second child draws beside the first (`AskerPool`, up to
+`askers_max`).
 
 The child keeps a mirror of the study: an Optuna in-memory study holding every trial of the
 driver's study that is not WAITING (parameters, state, values, reports), sent as the driver makes
@@ -33,7 +35,8 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Mapping
+from collections import deque
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import IO, Any
@@ -48,10 +51,13 @@ __all__ = [
     "ASKS_JUDGED",
     "ASK_IN_PROCESS",
     "ASK_IN_PROCESS_MS",
+    "ASK_WAIT_MS",
+    "AskerPool",
     "AsksAhead",
     "Census",
     "ProcessAsker",
     "ask_in_process_s",
+    "askers_max",
     "close_askers",
 ]
 
@@ -88,6 +94,7 @@ class ProcessAsker:
         self._draws = 0
         self._asked: int | None = None
         self.drawn_cpu: list[float] = []  # the CPU seconds of each draw in the child
+        self.waited = 0.0  # the seconds the last `take` waited for its draw
         package = str(Path(__file__).resolve().parents[2])  # the folder that holds `study`
         path = os.pathsep.join(p for p in (package, os.environ.get("PYTHONPATH", "")) if p)
         self._proc = subprocess.Popen(
@@ -124,7 +131,9 @@ class ProcessAsker:
         if key is None:
             raise RuntimeError("no ask in flight")
         assert self._proc.stdout is not None
+        t0 = time.perf_counter()
         reply = pickle.load(self._proc.stdout)  # EOFError if the child ended
+        self.waited = time.perf_counter() - t0
         if reply[0] != "params" or reply[1] != key:
             raise RuntimeError(f"the asker process failed: {reply[-1]}")
         self.drawn_cpu.append(reply[3])
@@ -209,6 +218,66 @@ class ProcessAsker:
                 stdin.close()
 
 
+class AskerPool:
+    """TPE's asks in `ProcessAsker` children: one at first, more while the driver waits on them.
+
+    A driver that waits for every draw is paced by TPE's ask (80 ms at 10,000 trials on the
+    2-core machine): its trials end faster than one process draws. Then another child draws
+    beside the first, up to `askers_max`, each an ask ahead over the history it was last told.
+    TPE (without its constant liar) reads no running trial, so two draws in flight at once are
+    each what a single process would draw over that history. Each child's sampler is built
+    from the study's recipe when it starts (`build`), seeded by the trials held then, so no two
+    draw alike. Trials are taken in the order their asks were sent."""
+
+    def __init__(
+        self,
+        study: optuna.Study,
+        build: Callable[[int], optuna.samplers.BaseSampler],
+        space: Mapping[str, BaseDistribution],
+        limit: int,
+    ) -> None:
+        self._build, self._space, self.limit = build, dict(space), max(1, limit)
+        self.askers = [ProcessAsker(study, build(n_trials(study)), self._space)]
+        self._order: deque[ProcessAsker] = deque()  # the askers with a draw in flight, oldest first
+        self._waits: list[float] = []  # the seconds the last takes waited (`ASKS_JUDGED` of them)
+
+    @property
+    def asking(self) -> bool:
+        """Whether a draw is in flight (`take` returns the oldest)."""
+        return bool(self._order)
+
+    def ask(self, study: optuna.Study, room: int) -> None:
+        """Draw in every child that is not drawing, while fewer than ``room`` draws are in flight
+        (the trials the study has yet to make)."""
+        for asker in self.askers:
+            if len(self._order) >= room:
+                return
+            if not asker.asking:
+                asker.ask(study)
+                self._order.append(asker)
+
+    def take(self, study: optuna.Study) -> optuna.trial.Trial | None:
+        """The oldest draw, made in ``study`` (`ProcessAsker.take`); then another child if the last
+        `ASKS_JUDGED` takes waited over `ASK_WAIT_MS` (their median)."""
+        asker = self._order.popleft()
+        trial = asker.take(study)
+        self._waits = [*self._waits[-(ASKS_JUDGED - 1) :], asker.waited]
+        if (
+            len(self.askers) < self.limit
+            and len(self._waits) == ASKS_JUDGED
+            and statistics.median(self._waits) > ASK_WAIT_MS / 1e3
+        ):
+            self.askers.append(ProcessAsker(study, self._build(n_trials(study)), self._space))
+            self._waits = []
+        return trial
+
+    def close(self) -> None:
+        """End every child."""
+        for asker in self.askers:
+            asker.close()
+        self._order.clear()
+
+
 def _values(trial: FrozenTrial) -> tuple[float, ...] | None:
     return None if trial.values is None else tuple(trial.values)
 
@@ -249,6 +318,28 @@ def ask_in_process_s() -> float:
         return ASK_IN_PROCESS_MS / 1e3
 
 
+ASK_WAIT_MS = 5.0
+"""The wait (ms) for a draw, the median of the last `ASKS_JUDGED` takes, past which `AskerPool`
+starts another child: the driver is then paced by TPE's asks, not by its trials."""
+
+
+def askers_max() -> int:
+    """How many children may draw at once (`AskerPool`): the environment's
+    ``PONDER_STUDY_ASKERS``, else one for every two cores, at least two and at most four. Each
+    holds a core while it draws, and draws only while the driver waits on the asks."""
+    value = os.environ.get("PONDER_STUDY_ASKERS", "").strip()
+    if value:
+        try:
+            return max(1, int(value))
+        except ValueError:
+            log.warning("PONDER_STUDY_ASKERS=%r is no whole number: %s", value, ASKERS_DEFAULT)
+    return ASKERS_DEFAULT
+
+
+ASKERS_DEFAULT = min(4, max(2, (os.cpu_count() or 1) // 2))
+"""`askers_max` unless the environment says."""
+
+
 _ASKER: ThreadPoolExecutor | None = None
 
 
@@ -266,37 +357,38 @@ class AsksAhead:
     `study.search.search.DivergenceAwareOptunaSearch` that does it. It reads the searcher's
     Optuna study (``_ot_study``), the sampler's recipe (``_recipe``: its kind, ``num_samples``
     and ``build``) and the space (``_space``), and keeps what is asked in ``_ahead`` (the
-    thread's) and ``_in_process`` (a `ProcessAsker`), never saved with the searcher."""
+    thread's) and ``_in_process`` (an `AskerPool`), never saved with the searcher."""
 
     _ot_study: Any  # optuna.Study | None: OptunaSearch's, not typed there
     _space: Any
     _ahead: Future[optuna.trial.Trial] | None
-    _in_process: ProcessAsker | None
+    _in_process: AskerPool | None
 
     def _ask_ahead(self) -> None:
         """Ask Optuna for the next trial while the driver waits on the trials: in a thread, or,
         once TPE's ask grows past `ASK_IN_PROCESS_MS` (100 ms and more at 10,000 trials), in a
-        process (`study.search.asker`), where it holds no core the driver's thread needs. Only
+        process (`AskerPool`: two or more while the driver waits on them), where it holds no core
+        the driver's thread needs. Only
         while the study has fewer Optuna trials than it will run: an ask the study would not use
         is never made (a kill leaves one made in the thread RUNNING, which the resume hands to
         the next new trial; one made in the process is not in the journal)."""
         study, recipe = self._ot_study, getattr(self, "_recipe", None)
         if self._ahead is not None or study is None or recipe is None or not isinstance(self._space, dict):
             return
-        if (asking := getattr(self, "_in_process", None)) is not None and asking.asking:
-            return
         if not getattr(self, "_asks_ahead", True):
             return
         held = n_trials(study)
-        if held >= recipe.num_samples:
+        pool = getattr(self, "_in_process", None)
+        if held >= recipe.num_samples and (pool is None or not pool.asking):
             self._close_process()
             return
         if self._asks_in_process(recipe):
-            asker = self._in_process
-            if asker is None:
-                self._in_process = asker = ProcessAsker(study, recipe.build(asked=held), self._space)
             try:
-                asker.ask(study)
+                if pool is None:
+                    self._in_process = pool = AskerPool(
+                        study, lambda asked: recipe.build(asked=asked), self._space, askers_max()
+                    )
+                pool.ask(study, room=recipe.num_samples - held)
                 return
             except Exception as e:
                 self._process_failed(e)
@@ -327,10 +419,10 @@ class AsksAhead:
     def _take_ahead(self) -> optuna.trial.Trial | None:
         """The trial asked ahead (waited for if still being asked); None if there is none, or if
         its ask failed (it is then asked again, in the driver's thread)."""
-        asker: ProcessAsker | None = getattr(self, "_in_process", None)
-        if asker is not None and asker.asking and self._ot_study is not None:
+        pool: AskerPool | None = getattr(self, "_in_process", None)
+        if pool is not None and pool.asking and self._ot_study is not None:
             try:
-                return asker.take(self._ot_study)
+                return pool.take(self._ot_study)
             except Exception as e:
                 self._process_failed(e)
                 return None

@@ -18,7 +18,7 @@ from ray.tune.search import ConcurrencyLimiter
 from ray.tune.search.optuna import OptunaSearch
 
 from study.records.records import EndRecord, StudyError, read_end_record, read_end_records, read_reports
-from study.search.asker import AsksAhead, ProcessAsker
+from study.search.asker import AskerPool, AsksAhead
 from study.search.journal import journal_of, optuna_storage
 from study.search.scheduler import PersistentASHA, SnapshotBeforeStart
 from study.search.trial_map import TUNE_ID_ATTR, map_trials
@@ -185,7 +185,7 @@ class DivergenceAwareOptunaSearch(AsksAhead, OptunaSearch):
         self._given_ends = ends
         self._ahead: Future[optuna.trial.Trial] | None = None  # the next trial, being asked
         self._asks_ahead = ask_ahead
-        self._in_process: ProcessAsker | None = None  # TPE's asks in a process (`_ask_ahead`)
+        self._in_process: AskerPool | None = None  # TPE's asks in processes (`_ask_ahead`)
         super().__init__(
             space,
             metric,

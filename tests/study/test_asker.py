@@ -17,6 +17,7 @@ import pytest
 from optuna.distributions import FloatDistribution, IntDistribution
 from optuna.trial import TrialState
 
+from study.search import asker as asker_module
 from study.search.asker import Census, ProcessAsker
 from study.search.journal import optuna_storage
 from study.search.search import TUNE_ID_ATTR, DivergenceAwareOptunaSearch, make_searcher, param_space
@@ -108,14 +109,16 @@ def test_a_study_asked_in_the_process_mirrors_every_trial_and_ends_it(
     value and parameters: none left RUNNING there that ended here), and the process ends with
     the study's last ask. A warm start's trial, waiting in the journal, still goes first."""
     monkeypatch.setenv("PONDER_STUDY_ASK_IN_PROCESS_MS", "0")
+    monkeypatch.setenv("PONDER_STUDY_ASKERS", "1")
     paths = StudyPaths(str(tmp_path), "s")
     n = 14
     searcher = _searcher(paths, n)
     metric = searcher.metric
     searcher.suggest("t1")
     searcher.suggest("t2")
-    asker = searcher._in_process
-    assert asker is not None and asker.asking  # t3 is being drawn there
+    assert searcher._in_process is not None
+    (asker,) = searcher._in_process.askers
+    assert asker.asking  # t3 is being drawn there
     study = searcher._ot_study
     study.enqueue_trial({"lambda_p": 0.5, "beta": 0.01, "max_steps": 4, "seed": 1})  # as a warm start
     for k in range(3, n + 1):
@@ -134,6 +137,42 @@ def test_a_study_asked_in_the_process_mirrors_every_trial_and_ends_it(
     assert len(drawn) >= n - 4  # all but the first two, the warm start's and the last
 
 
+def test_a_driver_that_waits_on_its_draws_draws_in_two_processes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Takes that wait start a second child (here any wait: `ASK_WAIT_MS` 0). From then on two
+    draws are in flight, taken oldest first; a child's mirror holds what the journal holds, no
+    draw is made twice, no more are drawn than the study runs, and both children end with it."""
+    monkeypatch.setenv("PONDER_STUDY_ASK_IN_PROCESS_MS", "0")
+    monkeypatch.setenv("PONDER_STUDY_ASKERS", "2")
+    monkeypatch.setattr(asker_module, "ASK_WAIT_MS", 0.0)
+    paths = StudyPaths(str(tmp_path), "s")
+    n = 16
+    searcher = _searcher(paths, n)
+    metric = searcher.metric
+    study = searcher._ot_study
+    pool = None
+    for k in range(1, n + 1):
+        if k > 2:
+            searcher.on_trial_complete(f"t{k - 2}", result={metric: 0.1 * (k % 5)})
+        assert searcher.suggest(f"t{k}") is not None
+        pool = searcher._in_process or pool
+        if k == 10:
+            assert pool is not None and len(pool.askers) == 2
+            assert all(a.asking for a in pool.askers)  # t11 and t12, drawn at once
+            older, newer = pool._order
+            searcher._ot_trials["t11"] = searcher._take_ahead()  # the older draw first
+            assert not older.asking and newer.asking
+            assert _mirror(older, study) == _held(study)
+    assert pool is not None and searcher._in_process is None  # closed with the study's last trial
+    assert all(a._proc.returncode == 0 for a in pool.askers)
+    assert sum(len(a.drawn_cpu) for a in pool.askers) <= n
+    trials = study.get_trials(deepcopy=False)
+    assert len(trials) == n
+    drawn = [tuple(sorted(t.params.items())) for t in trials]
+    assert len(set(drawn)) == n
+
+
 def test_a_process_that_dies_leaves_the_asks_to_the_driver(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -144,8 +183,8 @@ def test_a_process_that_dies_leaves_the_asks_to_the_driver(
     searcher = _searcher(paths, 6)
     searcher.suggest("t1")
     searcher.suggest("t2")
-    asker = searcher._in_process
-    assert asker is not None
+    assert searcher._in_process is not None
+    asker = searcher._in_process.askers[0]
     asker._proc.kill()
     asker._proc.wait()
     with caplog.at_level(logging.WARNING, logger="ponder-study"):
