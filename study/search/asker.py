@@ -57,6 +57,7 @@ __all__ = [
     "Census",
     "ProcessAsker",
     "ask_in_process_s",
+    "ask_wait_s",
     "askers_max",
     "close_askers",
 ]
@@ -221,13 +222,13 @@ class ProcessAsker:
 class AskerPool:
     """TPE's asks in `ProcessAsker` children: one at first, more while the driver waits on them.
 
-    A driver that waits for every draw is paced by TPE's ask (80 ms at 10,000 trials on the
+    A driver that waits for every draw is paced by TPE's ask (80-100 ms at 10,000 trials on the
     2-core machine): its trials end faster than one process draws. Then another child draws
     beside the first, up to `askers_max`, each an ask ahead over the history it was last told.
     TPE (without its constant liar) reads no running trial, so two draws in flight at once are
     each what a single process would draw over that history. Each child's sampler is built
-    from the study's recipe when it starts (`build`), seeded by the trials held then, so no two
-    draw alike. Trials are taken in the order their asks were sent."""
+    from the study's recipe when it starts (`build`), seeded by the trials held then: no two
+    children share a seed. Trials are taken in the order their asks were sent."""
 
     def __init__(
         self,
@@ -240,6 +241,7 @@ class AskerPool:
         self.askers = [ProcessAsker(study, build(n_trials(study)), self._space)]
         self._order: deque[ProcessAsker] = deque()  # the askers with a draw in flight, oldest first
         self._waits: list[float] = []  # the seconds the last takes waited (`ASKS_JUDGED` of them)
+        self._wait_s = ask_wait_s()
 
     @property
     def asking(self) -> bool:
@@ -258,14 +260,14 @@ class AskerPool:
 
     def take(self, study: optuna.Study) -> optuna.trial.Trial | None:
         """The oldest draw, made in ``study`` (`ProcessAsker.take`); then another child if the last
-        `ASKS_JUDGED` takes waited over `ASK_WAIT_MS` (their median)."""
+        `ASKS_JUDGED` takes waited over `ask_wait_s` (their median)."""
         asker = self._order.popleft()
         trial = asker.take(study)
         self._waits = [*self._waits[-(ASKS_JUDGED - 1) :], asker.waited]
         if (
             len(self.askers) < self.limit
             and len(self._waits) == ASKS_JUDGED
-            and statistics.median(self._waits) > ASK_WAIT_MS / 1e3
+            and statistics.median(self._waits) > self._wait_s
         ):
             self.askers.append(ProcessAsker(study, self._build(n_trials(study)), self._space))
             self._waits = []
@@ -320,7 +322,18 @@ def ask_in_process_s() -> float:
 
 ASK_WAIT_MS = 5.0
 """The wait (ms) for a draw, the median of the last `ASKS_JUDGED` takes, past which `AskerPool`
-starts another child: the driver is then paced by TPE's asks, not by its trials."""
+starts another child: the driver is then paced by TPE's asks, not by its trials. The
+environment's ``PONDER_STUDY_ASK_WAIT_MS`` replaces it (`ask_wait_s`)."""
+
+
+def ask_wait_s() -> float:
+    """`ASK_WAIT_MS`, or the environment's, in seconds."""
+    value = os.environ.get("PONDER_STUDY_ASK_WAIT_MS", "").strip()
+    try:
+        return float(value) / 1e3 if value else ASK_WAIT_MS / 1e3
+    except ValueError:
+        log.warning("PONDER_STUDY_ASK_WAIT_MS=%r is no number: %s", value, ASK_WAIT_MS)
+        return ASK_WAIT_MS / 1e3
 
 
 def askers_max() -> int:

@@ -17,7 +17,6 @@ import pytest
 from optuna.distributions import FloatDistribution, IntDistribution
 from optuna.trial import TrialState
 
-from study.search import asker as asker_module
 from study.search.asker import Census, ProcessAsker
 from study.search.journal import optuna_storage
 from study.search.search import TUNE_ID_ATTR, DivergenceAwareOptunaSearch, make_searcher, param_space
@@ -140,12 +139,12 @@ def test_a_study_asked_in_the_process_mirrors_every_trial_and_ends_it(
 def test_a_driver_that_waits_on_its_draws_draws_in_two_processes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Takes that wait start a second child (here any wait: `ASK_WAIT_MS` 0). From then on two
+    """Takes that wait start a second child (here any wait: ``PONDER_STUDY_ASK_WAIT_MS=0``). From then on two
     draws are in flight, taken oldest first; a child's mirror holds what the journal holds, no
     draw is made twice, no more are drawn than the study runs, and both children end with it."""
     monkeypatch.setenv("PONDER_STUDY_ASK_IN_PROCESS_MS", "0")
     monkeypatch.setenv("PONDER_STUDY_ASKERS", "2")
-    monkeypatch.setattr(asker_module, "ASK_WAIT_MS", 0.0)
+    monkeypatch.setenv("PONDER_STUDY_ASK_WAIT_MS", "0")
     paths = StudyPaths(str(tmp_path), "s")
     n = 16
     searcher = _searcher(paths, n)
