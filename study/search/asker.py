@@ -103,6 +103,10 @@ class ProcessAsker:
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env=dict(os.environ, PYTHONPATH=path),
+            # out of the driver's process group: a Ctrl-C or hang-up of the terminal is the
+            # driver's to handle, even while the child still imports Optuna (its own handlers
+            # are not set yet); the child ends when its input closes
+            start_new_session=True,
         )
         self._out: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
         # a large message (the history, first) must not hold the driver while the child reads it
@@ -516,7 +520,7 @@ def _serve(stdin: IO[bytes], stdout: IO[bytes]) -> None:
     while True:
         try:
             message = pickle.load(stdin)
-        except EOFError:  # the driver closed it, or ended
+        except (EOFError, pickle.UnpicklingError):  # the driver closed it, or ended (mid-message)
             return
         try:
             if message[0] == "start":
@@ -538,8 +542,8 @@ def _serve(stdin: IO[bytes], stdout: IO[bytes]) -> None:
 
 
 def main() -> None:
-    """The child: a Ctrl-C, SIGTERM or hang-up of the driver's process group is the driver's to
-    handle; this process ends when the driver closes its input, or dies."""
+    """The child, in a session of its own (`ProcessAsker`): a Ctrl-C, SIGTERM or hang-up is the
+    driver's to handle; this process ends when the driver closes its input, or dies."""
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)
     out = os.fdopen(os.dup(1), "wb")
