@@ -467,7 +467,7 @@ def _fit(
 
 def _stop_helpers() -> None:
     """What works beside Tune ends with its run: a stopped study's fusers would train on to their
-    members' next reports; TPE's asking process (`study.search.asker`) has no trial to ask for."""
+    members' next reports; TPE's asking processes (`study.search.asker`) have no trial to ask for."""
     stop_fusions()
     close_askers()
 

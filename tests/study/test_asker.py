@@ -86,6 +86,22 @@ def _searcher(paths: StudyPaths, num_samples: int) -> DivergenceAwareOptunaSearc
     return searcher
 
 
+def _asking_in_process(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    n: int,
+    askers: int | None = None,
+    wait_ms: str | None = None,
+) -> DivergenceAwareOptunaSearch:
+    """`_searcher` of an ``n``-trial study whose asks move to the process at once, with at most
+    ``askers`` processes and ``wait_ms`` the wait that starts another (the defaults if None)."""
+    monkeypatch.setenv("PONDER_STUDY_ASK_IN_PROCESS_MS", "0")
+    for name, value in (("PONDER_STUDY_ASKERS", askers), ("PONDER_STUDY_ASK_WAIT_MS", wait_ms)):
+        if value is not None:
+            monkeypatch.setenv(name, str(value))
+    return _searcher(StudyPaths(str(tmp_path), "s"), n)
+
+
 def _mirror(asker: ProcessAsker, asker_study: optuna.Study) -> Census:
     """The mirror's trials, as `census` lists them, less the draws the driver never used."""
     return sorted(t for t in asker.census(asker_study) if t[0] != TrialState.FAIL)
@@ -107,11 +123,8 @@ def test_a_study_asked_in_the_process_mirrors_every_trial_and_ends_it(
     suggestion is one of its draws, the mirror holds what the journal holds (each trial's state,
     value and parameters: none left RUNNING there that ended here), and the process ends with
     the study's last ask. A warm start's trial, waiting in the journal, still goes first."""
-    monkeypatch.setenv("PONDER_STUDY_ASK_IN_PROCESS_MS", "0")
-    monkeypatch.setenv("PONDER_STUDY_ASKERS", "1")
-    paths = StudyPaths(str(tmp_path), "s")
     n = 14
-    searcher = _searcher(paths, n)
+    searcher = _asking_in_process(tmp_path, monkeypatch, n, askers=1)
     metric = searcher.metric
     searcher.suggest("t1")
     searcher.suggest("t2")
@@ -139,15 +152,11 @@ def test_a_study_asked_in_the_process_mirrors_every_trial_and_ends_it(
 def test_a_driver_that_waits_on_its_draws_draws_in_two_processes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Takes that wait start a second child (here any wait: ``PONDER_STUDY_ASK_WAIT_MS=0``). From then on two
-    draws are in flight, taken oldest first; a child's mirror holds what the journal holds, no
+    """Takes that wait start a second child (here any wait: ``PONDER_STUDY_ASK_WAIT_MS=0``). From
+    then on two draws are in flight, taken oldest first; a child's mirror holds what the journal holds, no
     draw is made twice, no more are drawn than the study runs, and both children end with it."""
-    monkeypatch.setenv("PONDER_STUDY_ASK_IN_PROCESS_MS", "0")
-    monkeypatch.setenv("PONDER_STUDY_ASKERS", "2")
-    monkeypatch.setenv("PONDER_STUDY_ASK_WAIT_MS", "0")
-    paths = StudyPaths(str(tmp_path), "s")
     n = 16
-    searcher = _searcher(paths, n)
+    searcher = _asking_in_process(tmp_path, monkeypatch, n, askers=2, wait_ms="0")
     metric = searcher.metric
     study = searcher._ot_study
     pool = None
@@ -177,9 +186,7 @@ def test_a_process_that_dies_leaves_the_asks_to_the_driver(
 ) -> None:
     """A killed asker process costs one warning: the draw in flight is asked again in the driver,
     and every suggestion after it too; no Tune trial is left without its own Optuna trial."""
-    monkeypatch.setenv("PONDER_STUDY_ASK_IN_PROCESS_MS", "0")
-    paths = StudyPaths(str(tmp_path), "s")
-    searcher = _searcher(paths, 6)
+    searcher = _asking_in_process(tmp_path, monkeypatch, 6)
     searcher.suggest("t1")
     searcher.suggest("t2")
     assert searcher._in_process is not None
